@@ -1,0 +1,41 @@
+# The two commands: `make run` (try the webhook on a local control plane) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+.PHONY: setup run test test-unit test-e2e lint bench controlplane certs clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(VENV)/.installed
+
+controlplane:  ## build etcd, kube-apiserver and kubectl (cached outside the tree)
+	scripts/build-controlplane.sh
+
+run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything
+	$(PY) -m hami_mt_webhook.cli try
+
+lint: setup
+	$(VENV)/bin/ruff check hami_mt_webhook tests scripts
+
+test-unit: setup
+	$(PY) -m pytest -q -m "not e2e"
+
+test-e2e: setup controlplane
+	$(PY) -m pytest -q -m e2e
+
+test: lint controlplane  ## everything: lint, unit and e2e tiers
+	$(PY) -m pytest -q
+
+bench: setup controlplane
+	$(PY) -m hami_mt_webhook.bench
+
+certs: setup
+	$(VENV)/bin/hami-mt-webhook certs --dir certs
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

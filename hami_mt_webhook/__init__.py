@@ -1,0 +1,3 @@
+"""HAMi's admission rules for Moore Threads sGPU slices, served as a Kubernetes webhook."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,205 @@
+"""Node reports of sliced cards, and which capacities a pod could land on.
+
+A node's capacity says how many sliced cards it has (`sgpu-core` / 16) and how much memory each
+holds (`sgpu-memory` / cards). The view keeps one small record per sliced node and a summary of
+the whole cluster, so a pod with no placement constraints is answered without looking at nodes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from .config import CORES_PER_CARD, Config
+from .quantities import QuantityError, whole
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeReport:
+    """What the rules need of one sliced node."""
+
+    name: str
+    labels: Mapping[str, str]
+    cards: int
+    per_card: int
+
+
+@dataclass(frozen=True, slots=True)
+class Candidates:
+    """The capacities a pod may get, and how many sliced cards the biggest candidate node has."""
+
+    capacities: frozenset[int]
+    max_cards: int | None  # None: no node reports, so the card count is unknown
+    from_nodes: bool
+
+
+def report(node: Mapping[str, Any], config: Config) -> NodeReport | None:
+    """Read a Node object; None when it has no usable sliced cards."""
+    metadata = node.get("metadata") or {}
+    name = metadata.get("name") or ""
+    status = node.get("status") or {}
+    capacity = status.get("capacity") or {}
+    if not isinstance(capacity, Mapping) or config.core not in capacity:
+        return None
+    try:
+        cores = whole(capacity.get(config.core))
+        memory = whole(capacity.get(config.memory, 0))
+    except QuantityError as err:
+        logger.warning("node %s: ignoring unreadable sliced capacity (%s)", name, err)
+        return None
+    if cores <= 0 or cores % CORES_PER_CARD or memory <= 0:
+        if cores:
+            logger.warning("node %s: %s=%s, %s=%s is not a sliced-card report; ignored",
+                           name, config.core, cores, config.memory, memory)
+        return None
+    cards = cores // CORES_PER_CARD
+    per_card = memory // cards
+    if per_card < 2:
+        logger.warning("node %s: %s units per card is below the smallest slice; ignored", name, per_card)
+        return None
+    labels = metadata.get("labels") or {}
+    if not isinstance(labels, Mapping):
+        labels = {}
+    return NodeReport(name=str(name), labels=dict(labels), cards=cards, per_card=per_card)
+
+
+class ClusterView:
+    """The sliced nodes the webhook knows of, kept in memory from a Node watch."""
+
+    def __init__(self, nodes: Iterable[NodeReport] = (), *, ready: bool = True) -> None:
+        self._nodes: dict[str, NodeReport] = {}
+        self._shapes: Counter[tuple[int, int]] = Counter()  # (per_card, cards) -> nodes
+        self._summary: Candidates | None = None
+        self.ready = ready
+        for node in nodes:
+            self.upsert(node)
+
+    @classmethod
+    def from_nodes(cls, nodes: Iterable[Mapping[str, Any]], config: Config) -> ClusterView:
+        """Build a ready view from Node objects, skipping those without sliced cards."""
+        return cls(r for r in (report(n, config) for n in nodes) if r is not None)
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    def __iter__(self):
+        return iter(self._nodes.values())
+
+    def upsert(self, node: NodeReport) -> None:
+        old = self._nodes.get(node.name)
+        if old == node:
+            return
+        if old is not None:
+            self._drop_shape(old)
+        self._nodes[node.name] = node
+        self._shapes[(node.per_card, node.cards)] += 1
+        self._summary = None
+
+    def remove(self, name: str) -> None:
+        old = self._nodes.pop(name, None)
+        if old is not None:
+            self._drop_shape(old)
+            self._summary = None
+
+    def _drop_shape(self, node: NodeReport) -> None:
+        shape = (node.per_card, node.cards)
+        self._shapes[shape] -= 1
+        if self._shapes[shape] <= 0:
+            del self._shapes[shape]
+
+    def candidates(self, pod_spec: Mapping[str, Any], config: Config) -> Candidates:
+        """Capacities of the sliced nodes this pod could land on, or the configured fallback."""
+        selector = pod_spec.get("nodeSelector") or None
+        terms = _required_terms(pod_spec)
+        if not selector and terms is None:
+            return self._all(config)
+        matched = [n for n in self._nodes.values() if _matches(n, selector, terms)]
+        if not matched:
+            return _fallback(config)
+        return Candidates(frozenset(n.per_card for n in matched), max(n.cards for n in matched), True)
+
+    def _all(self, config: Config) -> Candidates:
+        if not self._shapes:
+            return _fallback(config)
+        if self._summary is None:
+            self._summary = Candidates(
+                frozenset(c for c, _ in self._shapes), max(n for _, n in self._shapes), True)
+        return self._summary
+
+
+def _fallback(config: Config) -> Candidates:
+    return Candidates(frozenset(config.memory_per_card), None, False)
+
+
+def _required_terms(spec: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
+    affinity = spec.get("affinity") or {}
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    if not isinstance(node_affinity, Mapping):
+        return None
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution")
+    if not isinstance(required, Mapping):
+        return None
+    terms = required.get("nodeSelectorTerms")
+    if not isinstance(terms, list) or not terms:
+        return None
+    return [t for t in terms if isinstance(t, Mapping)]
+
+
+def _matches(node: NodeReport, selector: Any, terms: list[Mapping[str, Any]] | None) -> bool:
+    if selector:
+        if not isinstance(selector, Mapping):
+            return False
+        if any(node.labels.get(k) != v for k, v in selector.items()):
+            return False
+    if terms is not None:
+        # Terms are ORed; the requirements inside one term are ANDed.
+        return any(_term_matches(node, term) for term in terms)
+    return True
+
+
+def _term_matches(node: NodeReport, term: Mapping[str, Any]) -> bool:
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # an empty term matches no node (Kubernetes semantics)
+    for expr in expressions:
+        if not _requirement(node.labels, expr):
+            return False
+    for expr in fields:
+        if not isinstance(expr, Mapping) or expr.get("key") != "metadata.name":
+            return False
+        if not _requirement({"metadata.name": node.name}, expr):
+            return False
+    return True
+
+
+def _requirement(labels: Mapping[str, str], expr: Any) -> bool:
+    if not isinstance(expr, Mapping):
+        return False
+    key, op = expr.get("key"), expr.get("operator")
+    values = expr.get("values") or []
+    if not isinstance(values, list):
+        return False
+    present = key in labels
+    value = labels.get(key) if present else None
+    if op == "In":
+        return present and value in values
+    if op == "NotIn":
+        return not present or value not in values
+    if op == "Exists":
+        return present
+    if op == "DoesNotExist":
+        return not present
+    if op in ("Gt", "Lt"):
+        if not present or len(values) != 1:
+            return False
+        try:
+            have, want = int(value), int(values[0])  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return False
+        return have > want if op == "Gt" else have < want
+    return False

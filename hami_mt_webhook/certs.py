@@ -1,0 +1,214 @@
+"""A private CA and the certificates the webhook and the local control plane serve with.
+
+Files are written atomically (a temporary file, then rename) so a server reloading them never reads
+half a key pair.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_DAYS = 3650
+SERVING_DAYS = 365
+#: A serving certificate is renewed once this share of its lifetime has passed.
+RENEW_AT = 2 / 3
+
+
+@dataclass
+class KeyPair:
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    def cert_pem(self) -> bytes:
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+    def key_pem(self) -> bytes:
+        return self.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                      serialization.NoEncryption())
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _name(cn: str, orgs: Iterable[str] = ()) -> x509.Name:
+    attrs = [x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs]
+    attrs.append(x509.NameAttribute(NameOID.COMMON_NAME, cn))
+    return x509.Name(attrs)
+
+
+def new_ca(cn: str = "hami-mt-webhook-ca", days: int = CA_DAYS) -> KeyPair:
+    """A self-signed CA that may sign leaf certificates only."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn)).issuer_name(_name(cn))
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                     content_commitment=False, key_encipherment=False,
+                                     data_encipherment=False, key_agreement=False,
+                                     encipher_only=False, decipher_only=False), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return KeyPair(key, cert)
+
+
+def issue(ca: KeyPair, cn: str, *, dns: Iterable[str] = (), ips: Iterable[str] = (),
+          orgs: Iterable[str] = (), server: bool = True, client: bool = False,
+          days: float = SERVING_DAYS) -> KeyPair:
+    """A leaf certificate signed by `ca`, for serving (SANs) and/or client authentication (CN, O)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    usages = ([ExtendedKeyUsageOID.SERVER_AUTH] if server else []) + \
+             ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else [])
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(_name(cn, orgs)).issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=False, key_cert_sign=False,
+                                     crl_sign=False, content_commitment=False, data_encipherment=False,
+                                     key_agreement=False, encipher_only=False, decipher_only=False),
+                       critical=True)
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
+    )
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return KeyPair(key, builder.sign(ca.key, hashes.SHA256()))
+
+
+def service_names(service: str, namespace: str) -> list[str]:
+    """The DNS names kube-apiserver may use to reach a Service."""
+    return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
+            f"{service}.{namespace}.svc.cluster.local", "localhost"]
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` in one rename, so readers see the old file or the new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_pair(pair: KeyPair, cert_path: Path, key_path: Path) -> None:
+    """Write the key first: a reader that sees the new certificate also finds its key."""
+    write_atomic(key_path, pair.key_pem(), 0o600)
+    write_atomic(cert_path, pair.cert_pem())
+
+
+def load_pair(cert_path: Path, key_path: Path) -> KeyPair:
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError(f"{key_path}: only EC keys are supported")
+    return KeyPair(key, cert)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The file names in a certificate directory."""
+
+    root: Path
+
+    @property
+    def ca_cert(self) -> Path: return self.root / "ca.crt"
+    @property
+    def ca_key(self) -> Path: return self.root / "ca.key"
+    @property
+    def bundle(self) -> Path: return self.root / "ca-bundle.crt"
+    @property
+    def tls_cert(self) -> Path: return self.root / "tls.crt"
+    @property
+    def tls_key(self) -> Path: return self.root / "tls.key"
+
+
+def ensure(root: Path, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
+           extra_dns: Iterable[str] = (), days: float = SERVING_DAYS) -> Layout:
+    """Create the CA and serving certificate if missing; keep what is there."""
+    layout = Layout(Path(root))
+    if layout.ca_cert.exists() and layout.ca_key.exists():
+        ca = load_pair(layout.ca_cert, layout.ca_key)
+    else:
+        ca = new_ca()
+        write_pair(ca, layout.ca_cert, layout.ca_key)
+    if not layout.bundle.exists():
+        write_atomic(layout.bundle, ca.cert_pem())
+    if not (layout.tls_cert.exists() and layout.tls_key.exists()):
+        _serve(layout, ca, service, namespace, extra_dns, days)
+    return layout
+
+
+def _serve(layout: Layout, ca: KeyPair, service: str, namespace: str,
+           extra_dns: Iterable[str], days: float) -> KeyPair:
+    pair = issue(ca, f"{service}.{namespace}.svc", dns=[*service_names(service, namespace), *extra_dns],
+                 ips=["127.0.0.1", "::1"], days=days)
+    write_pair(pair, layout.tls_cert, layout.tls_key)
+    return pair
+
+
+def due(cert: x509.Certificate, now: dt.datetime | None = None) -> bool:
+    """True once `RENEW_AT` of the certificate's lifetime has passed."""
+    now = now or _now()
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    return now >= start + (end - start) * RENEW_AT
+
+
+def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
+           extra_dns: Iterable[str] = (), days: float = SERVING_DAYS, force: bool = False,
+           new_authority: bool = False) -> list[str]:
+    """Renew what is due; return what was done, one line each.
+
+    With `new_authority` a new CA replaces the old one. The bundle then holds both, so clients that
+    still trust only the old CA and servers already on the new one both keep working; drop the old
+    CA from the bundle once every webhook configuration carries the new bundle.
+    """
+    layout = ensure(root, service, namespace, extra_dns, days)
+    done: list[str] = []
+    ca = load_pair(layout.ca_cert, layout.ca_key)
+    if new_authority:
+        old_pem = ca.cert_pem()
+        ca = new_ca()
+        write_pair(ca, layout.ca_cert, layout.ca_key)
+        write_atomic(layout.bundle, ca.cert_pem() + old_pem)
+        done.append(f"new CA; {layout.bundle.name} holds the new and the old CA")
+        force = True
+    current = x509.load_pem_x509_certificate(layout.tls_cert.read_bytes())
+    if force or due(current):
+        pair = _serve(layout, ca, service, namespace, extra_dns, days)
+        done.append(f"new serving certificate, valid until {pair.cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    return done
+
+
+def expiry(cert_path: Path) -> dt.datetime:
+    """When the certificate in `cert_path` stops being valid."""
+    return x509.load_pem_x509_certificate(Path(cert_path).read_bytes()).not_valid_after_utc

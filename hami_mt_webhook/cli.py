@@ -1,0 +1,183 @@
+"""hami-mt-webhook: serve | review | certs | controlplane."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import __version__, config as configuration
+
+DEFAULT_CERTS = "certs"
+
+
+def _config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("admission rules (flag, else environment variable, else default)")
+    group.add_argument("--scheduler-name", dest="scheduler_name",
+                       help="scheduler written into HAMi pods [HAMI_MT_SCHEDULER_NAME; hami-scheduler]")
+    group.add_argument("--vgpu-resource", dest="vgpu",
+                       help="sliced-card count resource [HAMI_MT_VGPU_RESOURCE; mthreads.com/vgpu]")
+    group.add_argument("--memory-resource", dest="memory",
+                       help="slice memory resource, 512 MiB units [HAMI_MT_MEMORY_RESOURCE; mthreads.com/sgpu-memory]")
+    group.add_argument("--core-resource", dest="core",
+                       help="slice compute resource, 1/16 card [HAMI_MT_CORE_RESOURCE; mthreads.com/sgpu-core]")
+    group.add_argument("--whole-card-resources", dest="whole_card",
+                       help="comma-separated whole-card resources that must not mix with slices "
+                            "[HAMI_MT_WHOLE_CARD_RESOURCES; mthreads.com/gpu]")
+    group.add_argument("--memory-per-card", dest="memory_per_card",
+                       help="comma-separated per-card capacities in 512 MiB units, used only when no node reports "
+                            "(96 = S4000 48 GiB, 160 = S5000 80 GiB) [HAMI_MT_MEMORY_PER_CARD; 96]")
+
+
+def _load_config(args: argparse.Namespace) -> configuration.Config:
+    return configuration.from_values({name: getattr(args, name, None) for name in configuration.ENV.values()})
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name) or default
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hami-mt-webhook", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the admission webhook (needs a cluster: kubeconfig or in-cluster)",
+                           description="Serve the mutating (/mutate-pods) and validating (/validate-pods) webhooks "
+                                       "over HTTPS, with a Node watch for per-card capacities.")
+    serve.add_argument("--listen", default=_env("HAMI_MT_LISTEN", "0.0.0.0"),
+                       help="address for the webhook listener [HAMI_MT_LISTEN; 0.0.0.0]")
+    serve.add_argument("--port", type=int, default=int(_env("HAMI_MT_PORT", "8443")),
+                       help="HTTPS port for admission reviews [HAMI_MT_PORT; 8443]")
+    serve.add_argument("--cert-file", default=_env("HAMI_MT_CERT_FILE", f"{DEFAULT_CERTS}/tls.crt"),
+                       help="serving certificate, reloaded when it changes [HAMI_MT_CERT_FILE; certs/tls.crt]")
+    serve.add_argument("--key-file", default=_env("HAMI_MT_KEY_FILE", f"{DEFAULT_CERTS}/tls.key"),
+                       help="serving key [HAMI_MT_KEY_FILE; certs/tls.key]")
+    serve.add_argument("--client-ca", default=os.environ.get("HAMI_MT_CLIENT_CA"),
+                       help="if set, require a client certificate signed by this CA (the API server's) "
+                            "[HAMI_MT_CLIENT_CA]")
+    serve.add_argument("--reload-interval", type=float, default=float(_env("HAMI_MT_RELOAD_INTERVAL", "10")),
+                       help="seconds between checks of the certificate files [HAMI_MT_RELOAD_INTERVAL; 10]")
+    serve.add_argument("--health-port", type=int, default=int(_env("HAMI_MT_HEALTH_PORT", "8080")),
+                       help="HTTP port for /readyz and /livez [HAMI_MT_HEALTH_PORT; 8080]")
+    serve.add_argument("--metrics-port", type=int, default=int(_env("HAMI_MT_METRICS_PORT", "9090")),
+                       help="HTTP port for Prometheus /metrics [HAMI_MT_METRICS_PORT; 9090]")
+    serve.add_argument("--health-listen", default=_env("HAMI_MT_HEALTH_LISTEN", "0.0.0.0"),
+                       help="address for the probe and metrics listeners [HAMI_MT_HEALTH_LISTEN; 0.0.0.0]")
+    serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                       help="kubeconfig for the Node watch [KUBECONFIG; in-cluster service account]")
+    serve.add_argument("--log-level", default=_env("HAMI_MT_LOG_LEVEL", "info"),
+                       choices=["debug", "info", "warning", "error"],
+                       help="info logs one line per denial and per mutation [HAMI_MT_LOG_LEVEL; info]")
+    serve.add_argument("--log-format", default=_env("HAMI_MT_LOG_FORMAT", "json"), choices=["json", "plain"],
+                       help="[HAMI_MT_LOG_FORMAT; json]")
+    _config_flags(serve)
+
+    rv = sub.add_parser("review", help="check pods offline, as the API server would with both webhooks",
+                        description="Run the mutating and then the validating rules on pods from files. Exit 0: "
+                                    "all allowed; 1: any denied; 2: bad input.")
+    rv.add_argument("-f", "--filename", action="append", required=True, dest="files",
+                    help="YAML or JSON file (several documents allowed; - for stdin); repeatable")
+    rv.add_argument("--nodes", action="append", default=[],
+                    help="Node objects, e.g. `kubectl get nodes -o yaml` output; repeatable")
+    rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                    help="json: one JSON object per document, one per line")
+    _config_flags(rv)
+
+    ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
+                        description="Write ca.crt/ca.key, ca-bundle.crt and tls.crt/tls.key into --dir (kept if "
+                                    "present), and the webhook configurations with the CA bundle filled in.")
+    ct.add_argument("--dir", default=DEFAULT_CERTS, help="certificate directory [certs]")
+    ct.add_argument("--service", default="hami-mt-webhook", help="Service name for the DNS SANs")
+    ct.add_argument("--namespace", default="hami-mt-webhook", help="Service namespace for the DNS SANs")
+    ct.add_argument("--days", type=float, default=365, help="serving certificate lifetime in days [365]")
+    ct.add_argument("--rotate", action="store_true",
+                    help="renew the serving certificate if 2/3 of its lifetime has passed")
+    ct.add_argument("--force", action="store_true", help="with --rotate: renew now")
+    ct.add_argument("--new-ca", action="store_true",
+                    help="with --rotate: replace the CA; ca-bundle.crt then holds the new and the old CA")
+
+    try:
+        from . import controlplane
+    except ImportError:  # pragma: no cover - the module ships with the package
+        controlplane = None
+    if controlplane is not None and hasattr(controlplane, "add_arguments"):
+        controlplane.add_arguments(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "review":
+            from .offline import run_review
+            return run_review(args.files, args.nodes, _load_config(args), args.output)
+        if args.command == "certs":
+            return _certs(args)
+        if args.command == "controlplane":
+            from . import controlplane
+            return controlplane.run(args)
+    except ValueError as err:  # bad settings: one clear line
+        print(f"hami-mt-webhook: {err}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from . import logs, server
+
+    logs.setup(args.log_level, args.log_format)
+    config = _load_config(args)
+    for path in (args.cert_file, args.key_file):
+        if not Path(path).is_file():
+            raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    state = server.State(config)
+    webhook = server.AdmissionServer(state, addr=args.listen, port=args.port, certfile=args.cert_file,
+                                     pkeyfile=args.key_file, client_ca=args.client_ca,
+                                     reload_interval=args.reload_interval)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    runner(server.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
+                      metrics_port=args.metrics_port))
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from . import certs
+
+    root = Path(args.dir)
+    if args.rotate:
+        done = certs.rotate(root, service=args.service, namespace=args.namespace, days=args.days,
+                            force=args.force, new_authority=args.new_ca)
+        for line in done or ["nothing due: the serving certificate is within 2/3 of its lifetime"]:
+            print(line)
+    layout = certs.ensure(root, args.service, args.namespace, days=args.days)
+    try:
+        from . import manifests
+        docs = manifests.with_ca_bundle(manifests.load(), layout.bundle.read_bytes())
+        webhooks = [d for d in docs if d.get("kind", "").endswith("WebhookConfiguration")]
+        out = root / "webhook-configurations.yaml"
+        certs.write_atomic(out, manifests.dump(webhooks).encode())
+        print(f"webhook configurations with the CA bundle: {out}")
+    except (ImportError, AttributeError, FileNotFoundError):
+        pass
+    print(f"CA: {layout.ca_cert}\nserving certificate: {layout.tls_cert} (key {layout.tls_key})\n"
+          f"valid until {certs.expiry(layout.tls_cert):%Y-%m-%d %H:%M} UTC")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

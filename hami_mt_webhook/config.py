@@ -1,0 +1,91 @@
+"""What an operator can change: resource names, the scheduler name and the fallback capacities."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+#: Annotations hami-scheduler writes when it binds a pod; a pod must not arrive carrying them.
+BIND_ANNOTATIONS = (
+    "hami.io/mthreads-vgpu-devices-to-allocate",
+    "hami.io/mthreads-vgpu-devices-allocated",
+    "mthreads.com/gpu-index",
+    "mthreads.com/predicate-node",
+    "mthreads.com/predicate-time",
+)
+
+#: sgpu-core units in one card.
+CORES_PER_CARD = 16
+
+
+@dataclass(frozen=True)
+class Config:
+    """The webhook's settings; the defaults are HAMi's and the vendor's names."""
+
+    scheduler_name: str = "hami-scheduler"
+    vgpu: str = "mthreads.com/vgpu"
+    memory: str = "mthreads.com/sgpu-memory"
+    core: str = "mthreads.com/sgpu-core"
+    whole_card: tuple[str, ...] = ("mthreads.com/gpu",)
+    memory_per_card: tuple[int, ...] = (96,)
+    gpu_num_annotation: str = "mthreads.com/request-gpu-num"
+    bind_annotations: tuple[str, ...] = field(default=BIND_ANNOTATIONS)
+
+    def __post_init__(self) -> None:
+        if not self.memory_per_card or any(c < 2 for c in self.memory_per_card):
+            raise ValueError(f"memoryPerCard must list capacities of at least 2 units, got {list(self.memory_per_card)}")
+        names = (self.vgpu, self.memory, self.core, *self.whole_card)
+        if len(set(names)) != len(names):
+            raise ValueError(f"resource names must be distinct, got {list(names)}")
+
+    @property
+    def slices(self) -> tuple[str, str, str]:
+        """The slice resources, in the order messages list them."""
+        return (self.vgpu, self.memory, self.core)
+
+
+#: Environment variables read by :func:`from_env`, with the Config field each one sets.
+ENV = {
+    "HAMI_MT_SCHEDULER_NAME": "scheduler_name",
+    "HAMI_MT_VGPU_RESOURCE": "vgpu",
+    "HAMI_MT_MEMORY_RESOURCE": "memory",
+    "HAMI_MT_CORE_RESOURCE": "core",
+    "HAMI_MT_WHOLE_CARD_RESOURCES": "whole_card",
+    "HAMI_MT_MEMORY_PER_CARD": "memory_per_card",
+}
+
+
+def parse_list(text: str) -> tuple[str, ...]:
+    """Split a comma-separated flag value, dropping blanks."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def parse_capacities(text: str) -> tuple[int, ...]:
+    """Parse `96,160` into capacities in 512 MiB units."""
+    try:
+        values = tuple(int(part) for part in parse_list(text))
+    except ValueError:
+        raise ValueError(f"memoryPerCard must be whole numbers of 512 MiB units, e.g. 96,160; got {text!r}") from None
+    if not values:
+        raise ValueError("memoryPerCard must list at least one capacity, e.g. 96")
+    return values
+
+
+def from_values(values: dict[str, str | None], environ: dict[str, str] | None = None) -> Config:
+    """Build a Config from flag values (None = not given), falling back to the environment, then defaults."""
+    environ = os.environ if environ is None else environ
+    merged: dict[str, str] = {}
+    for env, name in ENV.items():
+        if values.get(name) is not None:
+            merged[name] = str(values[name])
+        elif environ.get(env):
+            merged[name] = environ[env]
+    kwargs: dict[str, object] = {}
+    for name, text in merged.items():
+        if name == "whole_card":
+            kwargs[name] = parse_list(text)
+        elif name == "memory_per_card":
+            kwargs[name] = parse_capacities(text)
+        else:
+            kwargs[name] = text
+    return Config(**kwargs)  # type: ignore[arg-type]

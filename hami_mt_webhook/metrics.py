@@ -1,0 +1,50 @@
+"""Prometheus metrics, in a registry of the process's own (served on a separate port)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from .decision import Decision
+
+
+class Metrics:
+    """Everything the webhook counts; one instance per process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.reviews = Counter("hami_mt_webhook_reviews", "Admission reviews answered.",
+                               ["webhook", "operation", "dry_run", "result"], registry=r)
+        self.duration = Histogram("hami_mt_webhook_review_duration_seconds",
+                                  "Time to answer one review, from the body read to the response built.",
+                                  ["webhook"], registry=r,
+                                  buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0))
+        self.mutations = Counter("hami_mt_webhook_mutations", "Changes made to pods, by kind.", ["kind"], registry=r)
+        self.denials = Counter("hami_mt_webhook_denials", "Pods denied, by reason.", ["webhook", "reason"], registry=r)
+        self.bad_requests = Counter("hami_mt_webhook_bad_requests", "Bodies that were not answerable reviews.",
+                                    ["webhook"], registry=r)
+        self.nodes = Gauge("hami_mt_webhook_sliced_nodes", "Sliced nodes in the node index.", registry=r)
+        self.last_node_event = Gauge("hami_mt_webhook_last_node_event_timestamp_seconds",
+                                     "Unix time of the last node event applied to the index.", registry=r)
+        self.ready = Gauge("hami_mt_webhook_ready", "1 once the node index is synced.", registry=r)
+        self.cert_expiry = Gauge("hami_mt_webhook_certificate_expiry_timestamp_seconds",
+                                 "Unix time at which the serving certificate expires.", registry=r)
+        self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads", "Serving certificates loaded after a change.",
+                                    ["result"], registry=r)
+
+    def review(self, webhook: str, request: dict | None, decision: Decision | None, seconds: float) -> None:
+        if decision is None:
+            self.bad_requests.labels(webhook).inc()
+            return
+        operation = str(request.get("operation", "")) if request else ""
+        dry = "true" if request and request.get("dryRun") else "false"
+        result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
+        self.reviews.labels(webhook, operation, dry, result).inc()
+        self.duration.labels(webhook).observe(seconds)
+        for kind in decision.mutations:
+            self.mutations.labels(kind).inc()
+        if not decision.allowed:
+            self.denials.labels(webhook, decision.reason or "other").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,138 @@
+"""`hami-mt-webhook review`: the webhooks' answers for manifests, without a cluster (SPEC.md §7)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any, Iterable, TextIO
+
+import orjson
+import yaml
+
+from . import review
+from .capacity import ClusterView
+from .config import Config
+from .decision import Decision
+
+
+class InputError(ValueError):
+    """Input that is not a Pod, a list of Pods or an AdmissionReview; exit code 2."""
+
+
+@dataclass
+class Item:
+    source: str
+    doc: dict[str, Any]
+
+
+def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tuple[str, Any]]:
+    """Every YAML/JSON document of every file, labelled 'file#n'."""
+    out = []
+    for name in files:
+        try:
+            text = (stdin or sys.stdin).read() if name == "-" else open(name, encoding="utf-8").read()
+        except OSError as err:
+            raise InputError(f"{name}: cannot read: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{name}: not text (expected YAML or JSON)") from None
+        try:
+            docs = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise InputError(f"{name}: not YAML or JSON{where}: {getattr(err, 'problem', None) or err}") from None
+        label = "stdin" if name == "-" else name
+        out += [(f"{label}#{i + 1}", d) for i, d in enumerate(docs) if d is not None]
+    return out
+
+
+def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
+    """Flatten lists; refuse anything that is not a Pod or an AdmissionReview."""
+    out: list[Item] = []
+    for source, doc in documents:
+        if not isinstance(doc, dict):
+            raise InputError(f"{source}: not a Kubernetes object (expected a Pod, a List of Pods or an AdmissionReview)")
+        kind = doc.get("kind")
+        if kind in ("List", "PodList") or (kind is None and isinstance(doc.get("items"), list)):
+            entries = doc.get("items")
+            if not isinstance(entries, list):
+                raise InputError(f"{source}: a {kind} needs an items list")
+            out += items((f"{source}[{i}]", d) for i, d in enumerate(entries))
+        elif kind in ("Pod", "AdmissionReview"):
+            out.append(Item(source, doc))
+        else:
+            raise InputError(f"{source}: kind {kind!r} is not supported; give a Pod, a List of Pods or an AdmissionReview")
+    return out
+
+
+def view_from(node_files: Iterable[str], config: Config) -> ClusterView:
+    nodes = []
+    for source, doc in read_documents(node_files):
+        entries = doc.get("items") if isinstance(doc, dict) and isinstance(doc.get("items"), list) else [doc]
+        for node in entries:
+            if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
+                raise InputError(f"{source}: expected Node objects (kubectl get nodes -o yaml)")
+            nodes.append(node)
+    return ClusterView.from_nodes(nodes, config)
+
+
+def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any], bool]:
+    """The JSON object printed for one document, and whether it was allowed."""
+    if item.doc.get("kind") == "AdmissionReview":
+        try:
+            out, decision = review.admit_review(item.doc, view, config)
+        except review.BadReview as err:
+            raise InputError(f"{item.source}: {err}") from None
+        return out, decision.allowed
+    decision = review.admit(item.doc, view, config)
+    return summary(item.doc, decision), decision.allowed
+
+
+def summary(pod: dict[str, Any], decision: Decision) -> dict[str, Any]:
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    return {
+        "name": meta.get("name") or meta.get("generateName"),
+        "namespace": meta.get("namespace") or "default",
+        "allowed": decision.allowed,
+        "code": decision.code,
+        "message": decision.message,
+        "warnings": decision.warnings,
+        "patch": decision.patch,
+        "object": decision.object if decision.allowed else pod,
+    }
+
+
+def run_review(files: list[str], node_files: list[str], config: Config, output: str = "text",
+               out: TextIO | None = None, err: TextIO | None = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        view = view_from(node_files, config)
+        todo = items(read_documents(files))
+        if not todo:
+            raise InputError("no documents in the input")
+        results = [line(item, view, config) for item in todo]
+    except InputError as e:
+        print(f"hami-mt-webhook review: {e}", file=err)
+        return 2
+    for (obj, _), item in zip(results, todo):
+        if output == "json":
+            out.write(orjson.dumps(obj).decode() + "\n")
+        else:
+            out.write(_text(item, obj))
+    return 0 if all(ok for _, ok in results) else 1
+
+
+def _text(item: Item, obj: dict[str, Any]) -> str:
+    if "response" in obj:  # an AdmissionReview
+        r = obj["response"]
+        verdict = "allowed" if r["allowed"] else f"DENIED: {r['status']['message']}"
+        lines = [f"{item.source} (AdmissionReview {r['uid']}): {verdict}"]
+        lines += [f"  warning: {w}" for w in r.get("warnings", [])]
+        if r.get("patch"):
+            lines.append("  patched (base64 JSON Patch in the response)")
+        return "\n".join(lines) + "\n"
+    verdict = "allowed" if obj["allowed"] else f"DENIED ({obj['code']}): {obj['message']}"
+    lines = [f"pod {obj['namespace']}/{obj['name']}: {verdict}"]
+    lines += [f"  warning: {w}" for w in obj["warnings"]]
+    lines += [f"  patch: {op['op']} {op['path']} = {orjson.dumps(op['value']).decode()}" for op in obj["patch"]]
+    return "\n".join(lines) + "\n"

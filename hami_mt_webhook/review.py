@@ -1,0 +1,135 @@
+"""AdmissionReview in, AdmissionReview out: the one seam the server, the CLI and the tests share."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import orjson
+
+from . import rules
+from .capacity import ClusterView
+from .config import Config
+from .decision import Decision
+
+Rule = Callable[[Any, ClusterView, Config], Decision]
+
+#: Handler ids; the webhook configurations call https://<service>/<id>.
+WEBHOOKS: dict[str, Rule] = {
+    "mutate-pods": rules.mutate,
+    "validate-pods": rules.validate,
+}
+API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}
+
+
+class BadReview(ValueError):
+    """The body is not an AdmissionReview the webhook can answer; the server replies HTTP 400."""
+
+
+def parse(body: bytes) -> dict[str, Any]:
+    try:
+        review = orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise BadReview(f"the body is not JSON: {err}") from None
+    if not isinstance(review, dict):
+        raise BadReview("the body is not an AdmissionReview object")
+    return review
+
+
+def request_of(review: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The review's request and uid, or BadReview when there is nothing to answer to."""
+    request = review.get("request")
+    if not isinstance(request, dict):
+        raise BadReview("the AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview("the AdmissionReview request has no uid")
+    return request, uid
+
+
+def answer(review: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> tuple[dict[str, Any], Decision]:
+    """Apply `rule` to the review's pod; CREATE of a Pod is all the rules look at."""
+    request, uid = request_of(review)
+    decision = decide(request, rule, view, config)
+    return respond(uid, decision, review.get("apiVersion")), decision
+
+
+def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> Decision:
+    if request.get("operation") != "CREATE":
+        return Decision()
+    kind = request.get("kind")
+    if isinstance(kind, dict) and kind.get("kind") not in (None, "Pod"):
+        return Decision()
+    if request.get("subResource"):
+        return Decision()
+    obj = request.get("object")
+    if obj is None:
+        return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
+    return rule(obj, view, config)
+
+
+def respond(uid: str, decision: Decision, api_version: Any = None) -> dict[str, Any]:
+    """The AdmissionReview a webhook returns for `decision`."""
+    response: dict[str, Any] = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {"code": decision.code, "message": decision.message,
+                              "reason": REASONS.get(decision.code, "Forbidden")}
+    if decision.warnings:
+        response["warnings"] = decision.warnings
+    if decision.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode("ascii")
+    return {"apiVersion": api_version if api_version in API_VERSIONS else API_VERSIONS[0],
+            "kind": "AdmissionReview", "response": response}
+
+
+@dataclass
+class Reply:
+    """What the HTTP layer sends back, with what it needs for metrics and logs."""
+
+    status: int
+    body: bytes
+    decision: Decision | None = None
+    request: dict[str, Any] | None = None
+
+
+def handle(body: bytes, webhook: str, view: ClusterView, config: Config) -> Reply:
+    """The HTTP seam: status code and body for a POST to /<webhook>."""
+    rule = WEBHOOKS.get(webhook)
+    if rule is None:
+        return Reply(404, orjson.dumps({"error": f"no webhook {webhook!r}; known: {', '.join(WEBHOOKS)}"}))
+    try:
+        review = parse(body)
+        request, _ = request_of(review)
+        out, decision = answer(review, rule, view, config)
+    except BadReview as err:
+        return Reply(400, orjson.dumps({"error": str(err)}))
+    return Reply(200, orjson.dumps(out), decision, request)
+
+
+def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
+    """What the API server does with both webhooks: mutate, then validate the patched pod."""
+    mutated = rules.mutate(pod, view, config)
+    if not mutated.allowed:
+        return mutated
+    checked = rules.validate(mutated.object, view, config)
+    if not checked.allowed:
+        checked.warnings = mutated.warnings + checked.warnings
+        return checked
+    mutated.warnings += checked.warnings
+    return mutated
+
+
+def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> tuple[dict[str, Any], Decision]:
+    """Both webhooks on an AdmissionReview: the mutating answer, or the validating denial of its result."""
+    request, uid = request_of(review)
+    mutated = decide(request, rules.mutate, view, config)
+    final = mutated
+    if mutated.allowed and mutated.object is not None:
+        checked = decide({**request, "object": mutated.object}, rules.validate, view, config)
+        if not checked.allowed:
+            checked.warnings = mutated.warnings + checked.warnings
+            final = checked
+    return respond(uid, final, review.get("apiVersion")), final

@@ -1,0 +1,257 @@
+"""The webhook service: kopf keeps the node index and the lifecycle; aiohttp answers the reviews.
+
+kopf logs in, watches Nodes into the index, handles signals and runs the webhook server it is
+given (`settings.admission.server`). Reviews do not go through kopf's generic admission machinery:
+the server hands each body straight to `review.handle`, the same code `review` and the tests use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import ssl
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import aiohttp.web
+import kopf
+
+from . import certs, review
+from .capacity import ClusterView, report
+from .config import Config
+from .metrics import Metrics
+
+logger = logging.getLogger("hami_mt_webhook")
+
+#: Bodies above this get HTTP 413; kube-apiserver objects stay well below it.
+MAX_BODY = 3 * 1024 * 1024
+CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
+
+
+@dataclass
+class State:
+    """What the handlers share: the node view, the settings and the counters."""
+
+    config: Config
+    view: ClusterView = field(default_factory=lambda: ClusterView(ready=False))
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+def tls_context(certfile: str | Path, keyfile: str | Path, client_ca: str | Path | None = None) -> ssl.SSLContext:
+    """TLS 1.2 at least (1.3 preferred), forward-secret AEAD ciphers, HTTP/1.1 only."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_ciphers(CIPHERS)
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    ctx.set_alpn_protocols(["http/1.1"])
+    ctx.load_cert_chain(str(certfile), str(keyfile))
+    if client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(cafile=str(client_ca))
+    return ctx
+
+
+class AdmissionServer(kopf.WebhookServer):
+    """kopf's webhook server, answering with the project's handler and reloading certificates in place.
+
+    A certificate change builds a new SSL context that each new handshake switches to (through the
+    SNI callback), so the listener is never restarted and in-flight connections are never dropped.
+    """
+
+    def __init__(self, state: State, *, addr: str = "0.0.0.0", port: int = 8443, certfile: str, pkeyfile: str,
+                 cafile: str | None = None, client_ca: str | None = None, reload_interval: float = 10.0,
+                 max_body: int = MAX_BODY, shutdown_timeout: float = 4.0) -> None:
+        super().__init__(addr=addr, port=port, certfile=certfile, pkeyfile=pkeyfile, cafile=cafile,
+                         file_check_interval=reload_interval)
+        self.state = state
+        self.client_ca = client_ca
+        self.max_body = max_body
+        self.shutdown_timeout = shutdown_timeout
+        self.listening = asyncio.Event()
+        self._current: ssl.SSLContext | None = None
+        self._digest = b""
+
+    async def __call__(self, fn: Any = None) -> AsyncIterator[dict[str, str]]:
+        """Serve until cancelled; yields the client config once (kopf's server protocol)."""
+        context = self._load()
+        app = aiohttp.web.Application(client_max_size=self.max_body)
+        app.router.add_post("/{id}", self._serve_review)
+        runner = aiohttp.web.AppRunner(app, access_log=None, keepalive_timeout=75)
+        await runner.setup()
+        try:
+            site = aiohttp.web.TCPSite(runner, self.addr, self.port, ssl_context=context,
+                                       shutdown_timeout=self.shutdown_timeout)
+            await site.start()
+            logger.info("serving admission reviews on https://%s:%s", self.addr, self.port)
+            self.listening.set()
+            config: dict[str, str] = {"url": f"https://{self.addr}:{self.port}"}
+            if self.cafile:
+                import base64
+                config["caBundle"] = base64.b64encode(Path(self.cafile).read_bytes()).decode()
+            yield config  # type: ignore[misc]
+            while True:
+                await asyncio.sleep(self.file_check_interval or 10.0)
+                self._reload()
+        finally:
+            self.listening.clear()
+            await runner.cleanup()  # stops accepting, lets in-flight reviews finish, then closes
+
+    def _files_digest(self) -> bytes:
+        h = hashlib.sha256()
+        for name in (self.certfile, self.pkeyfile, self.client_ca):
+            if name:
+                h.update(Path(name).read_bytes())
+        return h.digest()
+
+    def _load(self) -> ssl.SSLContext:
+        self._digest = self._files_digest()
+        self._current = tls_context(self.certfile, self.pkeyfile, self.client_ca)  # type: ignore[arg-type]
+        self._current.sni_callback = self._pick_context
+        self._note_expiry()
+        return self._current
+
+    def _pick_context(self, sslobj: ssl.SSLObject, server_name: str | None, _ctx: ssl.SSLContext) -> None:
+        if self._current is not None and sslobj.context is not self._current:
+            sslobj.context = self._current
+        return None
+
+    def _reload(self) -> bool:
+        """Load changed certificate files; keep serving the old ones if the new ones do not load."""
+        try:
+            digest = self._files_digest()
+            if digest == self._digest:
+                return False
+            fresh = tls_context(self.certfile, self.pkeyfile, self.client_ca)  # type: ignore[arg-type]
+        except (OSError, ssl.SSLError, ValueError) as err:
+            logger.error("certificate files changed but do not load (%s); still serving the previous ones", err)
+            self.state.metrics.cert_reloads.labels("failed").inc()
+            return False
+        fresh.sni_callback = self._pick_context
+        self._current, self._digest = fresh, digest
+        self._note_expiry()
+        self.state.metrics.cert_reloads.labels("loaded").inc()
+        logger.info("serving a renewed certificate from %s", self.certfile)
+        return True
+
+    def _note_expiry(self) -> None:
+        try:
+            self.state.metrics.cert_expiry.set(certs.expiry(Path(self.certfile)).timestamp())  # type: ignore[arg-type]
+        except (OSError, ValueError):
+            pass
+
+    async def _serve_review(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
+        webhook = request.match_info["id"]
+        started = time.perf_counter()
+        try:
+            body = await request.read()
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            self.state.metrics.bad_requests.labels(webhook).inc()
+            raise
+        state = self.state
+        try:
+            reply = review.handle(body, webhook, state.view, state.config)
+        except Exception:  # a bug in the rules must still give the API server an answer, not a 500 trace
+            logger.exception("review on /%s failed", webhook)
+            reply = review.Reply(400, b'{"error":"the review could not be evaluated"}')
+        state.metrics.review(webhook, reply.request, reply.decision, time.perf_counter() - started)
+        decision = reply.decision
+        if decision is not None and (decision.patch or not decision.allowed) and logger.isEnabledFor(logging.INFO):
+            _log(webhook, reply.request or {}, decision)
+        return aiohttp.web.Response(status=reply.status, body=reply.body, content_type="application/json")
+
+
+def _log(webhook: str, request: dict[str, Any], decision: Any) -> None:
+    """One structured line per denial and per mutation; allowed no-ops stay silent."""
+    obj = request.get("object") if isinstance(request.get("object"), dict) else {}
+    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    extra = {"webhook": webhook, "namespace": request.get("namespace") or meta.get("namespace"),
+             "pod": meta.get("name") or meta.get("generateName"), "uid": request.get("uid"),
+             "dry_run": bool(request.get("dryRun"))}
+    if not decision.allowed:
+        logger.info("denied: %s", decision.message, extra={**extra, "reason": decision.reason})
+    else:
+        logger.info("mutated: %s", ", ".join(decision.mutations), extra={**extra, "warnings": decision.warnings})
+
+
+def register(registry: kopf.OperatorRegistry, state: State) -> None:
+    """The node watch: an index kopf fills first, then events that keep the view current."""
+    config = state.config
+
+    @kopf.index("", "v1", "nodes", id="sliced-nodes", registry=registry)
+    async def sliced_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, Any] | None:
+        node = report(body, config)
+        return {name: node} if node is not None else None
+
+    @kopf.on.event("", "v1", "nodes", id="node-events", registry=registry)
+    async def node_events(type: str | None, name: str, body: kopf.Body, sliced_nodes: kopf.Index, **_: Any) -> None:
+        view = state.view
+        if not view.ready:
+            # kopf runs event handlers only once every index holds the initial list: the view is complete.
+            for _name, store in sliced_nodes.items():
+                for node in store:
+                    view.upsert(node)
+            view.ready = True
+            state.metrics.ready.set(1)
+            logger.info("node index synced: %d sliced nodes", len(view))
+        if type == "DELETED":
+            view.remove(name)
+        else:
+            node = report(body, config)
+            if node is None:
+                view.remove(name)
+            else:
+                view.upsert(node)
+        state.metrics.nodes.set(len(view))
+        state.metrics.last_node_event.set(time.time())
+
+
+async def health_app(state: State) -> aiohttp.web.Application:
+    """/readyz is ready once the node index is synced; /livez only says the event loop answers."""
+
+    async def readyz(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        if state.view.ready:
+            return aiohttp.web.Response(text=f"ready: {len(state.view)} sliced nodes\n")
+        return aiohttp.web.Response(status=503, text="not ready: the node index is not synced yet\n")
+
+    async def livez(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.Response(text="ok\n")
+
+    async def metrics(_: aiohttp.web.Request) -> aiohttp.web.Response:
+        return aiohttp.web.Response(body=state.metrics.render(),
+                                    headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+    app = aiohttp.web.Application()
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/livez", livez)
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
+              metrics_port: int | None) -> None:
+    """Run kopf (node watch, webhook server, signals) with the probe and metrics listeners beside it."""
+    registry = kopf.OperatorRegistry()
+    register(registry, state)
+    settings = kopf.OperatorSettings()
+    settings.admission.server = server
+    settings.admission.managed = None  # the webhook configurations are static manifests
+    settings.posting.enabled = False
+    settings.scanning.disabled = True
+    settings.peering.standalone = True
+    settings.watching.server_timeout = 300
+    runners = []
+    try:
+        app = await health_app(state)
+        runner = aiohttp.web.AppRunner(app, access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        await aiohttp.web.TCPSite(runner, health_addr, health_port).start()
+        if metrics_port and metrics_port != health_port:
+            await aiohttp.web.TCPSite(runner, health_addr, metrics_port).start()
+        await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True)
+    finally:
+        for runner in runners:
+            await runner.cleanup()
