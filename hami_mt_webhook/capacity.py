@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .config import CORES_PER_CARD, Config
 from .quantities import QuantityError, whole
@@ -164,6 +165,8 @@ def _matches(node: NodeReport, selector: Any, terms: list[Mapping[str, Any]] | N
 def _term_matches(node: NodeReport, term: Mapping[str, Any]) -> bool:
     expressions = term.get("matchExpressions") or []
     fields = term.get("matchFields") or []
+    if not isinstance(expressions, list) or not isinstance(fields, list):
+        return False  # not a selector term the API server would accept
     if not expressions and not fields:
         return False  # an empty term matches no node (Kubernetes semantics)
     for expr in expressions:
@@ -182,7 +185,7 @@ def _requirement(labels: Mapping[str, str], expr: Any) -> bool:
         return False
     key, op = expr.get("key"), expr.get("operator")
     values = expr.get("values") or []
-    if not isinstance(values, list):
+    if not isinstance(key, str) or not isinstance(values, list):
         return False
     present = key in labels
     value = labels.get(key) if present else None

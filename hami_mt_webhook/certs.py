@@ -10,9 +10,9 @@ import datetime as dt
 import ipaddress
 import os
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -39,7 +39,7 @@ class KeyPair:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _name(cn: str, orgs: Iterable[str] = ()) -> x509.Name:

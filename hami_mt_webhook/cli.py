@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from . import __version__, config as configuration
+from . import __version__
+from . import config as configuration
 
 DEFAULT_CERTS = "certs"
 
@@ -101,12 +101,10 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--new-ca", action="store_true",
                     help="with --rotate: replace the CA; ca-bundle.crt then holds the new and the old CA")
 
-    try:
-        from . import controlplane
-    except ImportError:  # pragma: no cover - the module ships with the package
-        controlplane = None
-    if controlplane is not None and hasattr(controlplane, "add_arguments"):
-        controlplane.add_arguments(sub)
+    from . import controlplane
+
+    controlplane.add_arguments(sub)
+    sub.add_parser("try", help="local control plane + webhook + example nodes until Ctrl-C (make run)")
     return parser
 
 
@@ -124,6 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "controlplane":
             from . import controlplane
             return controlplane.run(args)
+        if args.command == "try":
+            from .local import try_it
+            return try_it()
     except ValueError as err:  # bad settings: one clear line
         print(f"hami-mt-webhook: {err}", file=sys.stderr)
         return 2

@@ -33,7 +33,8 @@ class Config:
 
     def __post_init__(self) -> None:
         if not self.memory_per_card or any(c < 2 for c in self.memory_per_card):
-            raise ValueError(f"memoryPerCard must list capacities of at least 2 units, got {list(self.memory_per_card)}")
+            raise ValueError("memoryPerCard must list capacities of at least 2 units, "
+                             f"got {list(self.memory_per_card)}")
         names = (self.vgpu, self.memory, self.core, *self.whole_card)
         if len(set(names)) != len(names):
             raise ValueError(f"resource names must be distinct, got {list(names)}")

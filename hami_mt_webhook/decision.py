@@ -6,8 +6,9 @@ object is built alongside it by copying only the dicts and lists on the changed 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 Path = tuple[str | int, ...]
 

@@ -29,8 +29,8 @@ class Metrics:
         self.ready = Gauge("hami_mt_webhook_ready", "1 once the node index is synced.", registry=r)
         self.cert_expiry = Gauge("hami_mt_webhook_certificate_expiry_timestamp_seconds",
                                  "Unix time at which the serving certificate expires.", registry=r)
-        self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads", "Serving certificates loaded after a change.",
-                                    ["result"], registry=r)
+        self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads",
+                                    "Serving certificates loaded after a change.", ["result"], registry=r)
 
     def review(self, webhook: str, request: dict | None, decision: Decision | None, seconds: float) -> None:
         if decision is None:

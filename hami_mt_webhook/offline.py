@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable, TextIO
+from typing import Any, TextIO
 
 import orjson
 import yaml
@@ -51,7 +52,8 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
     out: list[Item] = []
     for source, doc in documents:
         if not isinstance(doc, dict):
-            raise InputError(f"{source}: not a Kubernetes object (expected a Pod, a List of Pods or an AdmissionReview)")
+            raise InputError(f"{source}: not a Kubernetes object "
+                             "(expected a Pod, a List of Pods or an AdmissionReview)")
         kind = doc.get("kind")
         if kind in ("List", "PodList") or (kind is None and isinstance(doc.get("items"), list)):
             entries = doc.get("items")
@@ -61,7 +63,8 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
         elif kind in ("Pod", "AdmissionReview"):
             out.append(Item(source, doc))
         else:
-            raise InputError(f"{source}: kind {kind!r} is not supported; give a Pod, a List of Pods or an AdmissionReview")
+            raise InputError(f"{source}: kind {kind!r} is not supported; "
+                             "give a Pod, a List of Pods or an AdmissionReview")
     return out
 
 
@@ -114,7 +117,7 @@ def run_review(files: list[str], node_files: list[str], config: Config, output: 
     except InputError as e:
         print(f"hami-mt-webhook review: {e}", file=err)
         return 2
-    for (obj, _), item in zip(results, todo):
+    for (obj, _), item in zip(results, todo, strict=True):
         if output == "json":
             out.write(orjson.dumps(obj).decode() + "\n")
         else:

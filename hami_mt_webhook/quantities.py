@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from decimal import Decimal, InvalidOperation
 from functools import lru_cache
-from typing import Iterable
 
 from kubernetes.utils.quantity import parse_quantity
 

@@ -8,8 +8,9 @@ webhook. Both take plain dicts and return a Decision; neither does I/O.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .capacity import Candidates, ClusterView
 from .config import CORES_PER_CARD, Config
@@ -189,10 +190,10 @@ def _mixing(slots: list[Slot], config: Config) -> None:
     for slot in slots:
         if slot.asks and slot.whole:
             asked = [r for r in config.slices if r in slot.limits or r in slot.requests]
-            raise Denied(f"{slot.label} asks for {', '.join(slot.whole)} (whole cards, outside HAMi) and for "
-                         f"{', '.join(asked)} (sGPU slices) at once; a container takes whole cards or slices, not both: "
-                         f"remove {', '.join(slot.whole)} to share a card, or remove {', '.join(asked)} to take "
-                         "whole cards", "mixing")
+            whole, sliced = ", ".join(slot.whole), ", ".join(asked)
+            raise Denied(f"{slot.label} asks for {whole} (whole cards, outside HAMi) and for {sliced} (sGPU slices) "
+                         "at once; a container takes whole cards or slices, not both: "
+                         f"remove {whole} to share a card, or remove {sliced} to take whole cards", "mixing")
 
 
 def _pod_checks(pod: dict, slots: list[Slot], config: Config) -> None:
@@ -249,7 +250,7 @@ def _expected(resource: str, config: Config) -> str:
 def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str], mutations: list[str]) -> None:
     """§3.2–§3.6 for one container; fills `slot.target` with the values to write."""
     n, m, k = (_quantity(slot, r, config) for r in config.slices)
-    for resource, value in zip(config.slices, (n, m, k)):
+    for resource, value in zip(config.slices, (n, m, k), strict=True):
         if value is not None and value < 1:
             raise Denied(f"{slot.label}: {resource} {value} is not valid: use {_expected(resource, config)}", "range")
         if value is not None and resource not in slot.limits:

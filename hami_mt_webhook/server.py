@@ -12,9 +12,10 @@ import hashlib
 import logging
 import ssl
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import aiohttp.web
 import kopf
@@ -79,11 +80,11 @@ class AdmissionServer(kopf.WebhookServer):
         context = self._load()
         app = aiohttp.web.Application(client_max_size=self.max_body)
         app.router.add_post("/{id}", self._serve_review)
-        runner = aiohttp.web.AppRunner(app, access_log=None, keepalive_timeout=75)
+        runner = aiohttp.web.AppRunner(app, access_log=None, keepalive_timeout=75,
+                                       shutdown_timeout=self.shutdown_timeout)
         await runner.setup()
         try:
-            site = aiohttp.web.TCPSite(runner, self.addr, self.port, ssl_context=context,
-                                       shutdown_timeout=self.shutdown_timeout)
+            site = aiohttp.web.TCPSite(runner, self.addr, self.port, ssl_context=context)
             await site.start()
             logger.info("serving admission reviews on https://%s:%s", self.addr, self.port)
             self.listening.set()
@@ -144,11 +145,12 @@ class AdmissionServer(kopf.WebhookServer):
 
     async def _serve_review(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         webhook = request.match_info["id"]
+        label = webhook if webhook in review.WEBHOOKS else "unknown"  # a label per random path would never end
         started = time.perf_counter()
         try:
             body = await request.read()
         except aiohttp.web.HTTPRequestEntityTooLarge:
-            self.state.metrics.bad_requests.labels(webhook).inc()
+            self.state.metrics.bad_requests.labels(label).inc()
             raise
         state = self.state
         try:
@@ -156,7 +158,7 @@ class AdmissionServer(kopf.WebhookServer):
         except Exception:  # a bug in the rules must still give the API server an answer, not a 500 trace
             logger.exception("review on /%s failed", webhook)
             reply = review.Reply(400, b'{"error":"the review could not be evaluated"}')
-        state.metrics.review(webhook, reply.request, reply.decision, time.perf_counter() - started)
+        state.metrics.review(label, reply.request, reply.decision, time.perf_counter() - started)
         decision = reply.decision
         if decision is not None and (decision.patch or not decision.allowed) and logger.isEnabledFor(logging.INFO):
             _log(webhook, reply.request or {}, decision)
@@ -180,7 +182,12 @@ def register(registry: kopf.OperatorRegistry, state: State) -> None:
     """The node watch: an index kopf fills first, then events that keep the view current."""
     config = state.config
 
-    @kopf.index("", "v1", "nodes", id="sliced-nodes", registry=registry)
+    @kopf.on.login(id="login", registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        """A kubeconfig when one is given (local runs), else the pod's service account."""
+        return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
+
+    @kopf.index("", "v1", "nodes", id="sliced_nodes", registry=registry)
     async def sliced_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, Any] | None:
         node = report(body, config)
         return {name: node} if node is not None else None

@@ -1,0 +1,183 @@
+"""The webhook as a local process beside a local control plane: `make run` and the end-to-end tests.
+
+The shipped manifests are applied through a local overlay (same rules, selectors, matchConditions and
+timeouts; only the clientConfig points at 127.0.0.1), and the webhook logs in with a token of the
+shipped ServiceAccount, so the shipped ClusterRole and binding are what it runs with.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from . import certs, manifests
+from .controlplane import ControlPlane
+
+NAMESPACE = "hami-mt-webhook"
+SERVICE_ACCOUNT = "hami-mt-webhook"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
+    """Create Node objects and set their capacity through the status subresource, as kubelet would."""
+    names = []
+    for node in nodes:
+        meta = {k: v for k, v in node["metadata"].items() if k in ("name", "labels")}
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "Node", "metadata": meta}))
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        status = {"status": {"capacity": capacity, "allocatable": capacity}}
+        cp.kubectl("patch", "node", meta["name"], "--subresource=status", "--type=merge", "-p", yaml.safe_dump(status))
+        names.append(meta["name"])
+    return names
+
+
+def example_nodes() -> list[dict[str, Any]]:
+    """The example S4000 and S5000 nodes, and a node with whole cards only."""
+    listed = yaml.safe_load((EXAMPLES / "nodes.yaml").read_text())["items"]
+    whole = {"metadata": {"name": "whole-card-node", "labels": {"mthreads.com/gpu.product": "MTT-S4000",
+                                                                 "kubernetes.io/hostname": "whole-card-node"}},
+             "status": {"capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "mthreads.com/gpu": "8"}}}
+    return [*listed, whole]
+
+
+class LocalWebhook:
+    """`hami-mt-webhook serve` in its own process, registered with the local API server."""
+
+    def __init__(self, cp: ControlPlane, workdir: Path, *, port: int | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+        self.cp = cp
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.extra_args = list(extra_args)
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.certs = certs.ensure(self.workdir / "certs")
+        self.log = self.workdir / "webhook.log"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def install(self) -> None:
+        """Apply the manifests' local overlay and write a kubeconfig for the shipped ServiceAccount."""
+        overlay = manifests.local_overlay(self.workdir / "overlay", self.url, self.certs.bundle.read_bytes())
+        self.cp.kubectl("apply", "-k", str(overlay))
+        token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=24h").stdout.strip()
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
+            "clusters": [{"name": "local", "cluster": {"server": self.cp.server,
+                                                        "certificate-authority": str(self.cp.ca_file)}}],
+            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+            "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}],
+        }
+        self.kubeconfig = self.workdir / "webhook.kubeconfig"
+        certs.write_atomic(self.kubeconfig, yaml.safe_dump(config).encode(), 0o600)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "hami_mt_webhook.cli", "serve", "--listen", "127.0.0.1",
+                "--port", str(self.port), "--health-listen", "127.0.0.1", "--health-port", str(self.health_port),
+                "--metrics-port", str(self.metrics_port), "--cert-file", str(self.certs.tls_cert),
+                "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the process and wait until /readyz says the node index is synced."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the webhook exited with {self.proc.returncode}:\n{self.tail()}")
+            if self.ready():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the webhook was not ready after {timeout:.0f} s:\n{self.tail()}")
+
+    def ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+            return r.read().decode()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        """Stop the process; returns its exit code (SIGKILL after `timeout`)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def try_it(workdir: Path | None = None) -> int:
+    """`make run`: control plane, webhook and example nodes, until Ctrl-C."""
+    base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
+    base.mkdir(parents=True, exist_ok=True)
+    stop = {"now": False}
+
+    def on_signal(*_: Any) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    print("starting etcd and kube-apiserver (the first run builds them) ...", flush=True)
+    with ControlPlane(workdir=base) as cp:
+        webhook = LocalWebhook(cp, cp.workdir)
+        webhook.install()
+        apply_nodes(cp, example_nodes())
+        webhook.start()
+        kubectl = cp.bin_dir / "kubectl"
+        print(f"""
+hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
+(control plane ready in {cp.startup_seconds:.1f} s; webhook log: {webhook.log})
+
+  export KUBECONFIG={cp.kubeconfig}
+  alias kubectl={kubectl}
+  kubectl get nodes -o custom-columns=NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,\
+MEMORY:.status.capacity.mthreads\\.com/sgpu-memory
+  kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
+  kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
+
+Ctrl-C stops everything.""", flush=True)
+        try:
+            while not stop["now"] and webhook.proc is not None and webhook.proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            print("\nstopping ...", flush=True)
+            webhook.stop()
+    return 0
