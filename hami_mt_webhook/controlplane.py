@@ -198,15 +198,16 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 class ControlPlane:
     """etcd and kube-apiserver on free loopback ports, with an admin kubeconfig and a private CA.
 
-    Single use: `start()` once (or enter the context), `stop()` once. Everything lives in `workdir`, a
-    fresh directory under `base_dir` (default: the system temp dir), removed on stop unless `keep`.
+    Single use: `start()` once (or enter the context), `stop()` once. Everything lives in the `workdir`
+    property: a fresh directory made inside the `workdir` argument (default: the system temp dir), so
+    several control planes can share a parent; it is removed on stop unless `keep`.
     `apiserver_args` are appended to the kube-apiserver flags (feature gates, audit, ...).
     """
 
-    def __init__(self, *, bin_dir: Path | None = None, base_dir: Path | None = None, keep: bool = False,
+    def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, keep: bool = False,
                  ready_timeout: float = 90.0, apiserver_args: Sequence[str] = ()) -> None:
         self._bin_dir = bin_dir
-        self._base_dir = base_dir
+        self._parent_dir = workdir
         self.keep = keep
         self.ready_timeout = ready_timeout
         self.apiserver_args = list(apiserver_args)
@@ -271,9 +272,9 @@ class ControlPlane:
             raise ControlPlaneError("a ControlPlane starts once; make a new one")
         bin_dir = self.bin_dir  # may build for many minutes: before the clock starts
         started = time.monotonic()
-        if self._base_dir is not None:
-            self._base_dir.mkdir(parents=True, exist_ok=True)
-        self._workdir = Path(tempfile.mkdtemp(prefix="hami-mt-controlplane-", dir=self._base_dir))
+        if self._parent_dir is not None:
+            self._parent_dir.mkdir(parents=True, exist_ok=True)
+        self._workdir = Path(tempfile.mkdtemp(prefix="hami-mt-controlplane-", dir=self._parent_dir))
         self._finalizer = weakref.finalize(self, _cleanup, self._procs, None if self.keep else self._workdir)
         try:
             self._write_pki()
@@ -481,7 +482,7 @@ def _up(run_dir: Path, timeout: float) -> int:
             return 1
     stopping = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in (signal.SIGINT, signal.SIGTERM)}
-    cp = ControlPlane(base_dir=run_dir, ready_timeout=timeout)
+    cp = ControlPlane(workdir=run_dir, ready_timeout=timeout)
     try:
         try:
             cp.start()

@@ -1,0 +1,124 @@
+"""Shared fixtures: settings, a two-model node view, pod builders, certificates and a running webhook."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from helpers import make_pod as _make_pod  # noqa: E402
+from helpers import nodes_view as _nodes_view  # noqa: E402
+
+from hami_mt_webhook import certs, server  # noqa: E402
+from hami_mt_webhook.capacity import ClusterView  # noqa: E402
+from hami_mt_webhook.config import Config  # noqa: E402
+
+
+@pytest.fixture
+def config() -> Config:
+    return Config()
+
+
+@pytest.fixture
+def nodes_view() -> ClusterView:
+    """One S4000 node (1 card, 96 units per card) and one S5000 node (8 cards, 160 per card)."""
+    return _nodes_view()
+
+
+@pytest.fixture
+def make_pod() -> Callable[..., dict[str, Any]]:
+    """helpers.make_pod: a Pod as the API server presents it to admission."""
+    return _make_pod
+
+
+@pytest.fixture
+def certs_dir(tmp_path: Path) -> certs.Layout:
+    """A CA and a serving certificate (SANs include 127.0.0.1) in a fresh directory."""
+    return certs.ensure(tmp_path / "certs")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Running:
+    """A webhook server on loopback; unpacks as (url, ca_path, state)."""
+
+    url: str
+    ca_path: Path
+    state: server.State
+    server: server.AdmissionServer
+    layout: certs.Layout
+    port: int
+
+    def __iter__(self):
+        return iter((self.url, self.ca_path, self.state))
+
+
+@pytest.fixture
+def serve_webhook(certs_dir: certs.Layout, nodes_view: ClusterView):
+    """An async context manager factory: start an AdmissionServer the way kopf drives it."""
+
+    @contextlib.asynccontextmanager
+    async def start(state: server.State | None = None, **options: Any) -> AsyncIterator[Running]:
+        state = state or server.State(Config(), nodes_view)
+        port = free_port()
+        options.setdefault("reload_interval", 3600.0)
+        options.setdefault("shutdown_timeout", 0.5)
+        srv = server.AdmissionServer(state, addr="127.0.0.1", port=port, certfile=str(certs_dir.tls_cert),
+                                     pkeyfile=str(certs_dir.tls_key), **options)
+        gen = srv(None)
+        configs: asyncio.Queue = asyncio.Queue()
+
+        async def drive() -> None:  # kopf iterates the server for as long as the operator runs
+            async for cfg in gen:
+                await configs.put(cfg)
+
+        task = asyncio.create_task(drive())
+        try:
+            getter = asyncio.ensure_future(configs.get())
+            done, _ = await asyncio.wait({getter, task}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                if task.done():
+                    task.result()  # raise what stopped the server
+                raise TimeoutError("the webhook server did not start")
+            cfg = getter.result()
+            assert cfg["url"] == f"https://127.0.0.1:{port}"
+            yield Running(cfg["url"], certs_dir.ca_cert, state, srv, certs_dir, port)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await gen.aclose()
+
+    return start
+
+
+@pytest.fixture
+async def webhook_server(serve_webhook) -> AsyncIterator[Running]:
+    """The webhook on 127.0.0.1 with the S4000/S5000 view; yields (url, ca_path, state)."""
+    async with serve_webhook() as running:
+        yield running
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    from helpers import CASES
+
+    if CASES:
+        terminalreporter.section("hypothesis cases run")
+        for test, n in sorted(CASES.items()):
+            terminalreporter.write_line(f"{test}: {n}")
+        terminalreporter.write_line(f"total: {sum(CASES.values())}")

@@ -1,0 +1,52 @@
+"""End-to-end tests against a real etcd + kube-apiserver on loopback.
+
+One control plane serves the whole session: a start costs seconds, and tests keep apart by using
+their own object names. If the binaries cannot be built the tests fail rather than skip, so a broken
+toolchain is never mistaken for a green run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hami_mt_webhook.controlplane import ControlPlane, ControlPlaneError
+from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
+
+E2E_DIR = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark everything under tests/e2e, so `-m "not e2e"` gives a quick run without a cluster."""
+    for item in items:
+        if item.path.is_relative_to(E2E_DIR):
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session")
+def controlplane() -> Iterator[ControlPlane]:
+    cp = ControlPlane()
+    try:
+        cp.start()
+    except ControlPlaneError as e:
+        pytest.fail(f"the local control plane did not start:\n{e}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@pytest.fixture(scope="session")
+def webhook(controlplane: ControlPlane) -> Iterator[LocalWebhook]:
+    """`hami-mt-webhook serve` in its own process, registered through the manifests' local overlay,
+    logged in as the shipped ServiceAccount, with the example S4000 and S5000 nodes and a whole-card node."""
+    hook = LocalWebhook(controlplane, controlplane.workdir / "webhook")
+    hook.install()
+    apply_nodes(controlplane, example_nodes())
+    hook.start()
+    try:
+        yield hook
+    finally:
+        hook.stop()

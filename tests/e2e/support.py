@@ -1,0 +1,48 @@
+"""What the end-to-end tests share: the webhook beside the control plane, pods as manifests, kubectl."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from typing import Any
+
+import yaml
+
+from hami_mt_webhook.controlplane import ControlPlane
+
+IMAGE = "registry.example.com/mthreads/musa-runtime:latest"
+VGPU, MEMORY, CORE, WHOLE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core", "mthreads.com/gpu"
+ON_S4000 = {"mthreads.com/gpu.product": "MTT-S4000"}
+ON_S5000 = {"mthreads.com/gpu.product": "MTT-S5000"}
+
+
+def pod(name: str, *limits: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    """A Pod manifest with one container per limits map (an empty map: no resources)."""
+    containers = []
+    for i, res in enumerate(limits or ({},)):
+        c: dict[str, Any] = {"name": f"c{i}", "image": IMAGE}
+        if res:
+            c["resources"] = {"limits": {k: str(v) for k, v in res.items()}}
+        containers.append(c)
+    meta: dict[str, Any] = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": containers, **spec}}
+
+
+def apply(cp: ControlPlane, ns: str, manifest: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl apply` of one manifest; never raises, the caller checks."""
+    return cp.kubectl("apply", "-n", ns, "-f", "-", *flags, input=yaml.safe_dump(manifest), check=False)
+
+
+def stored(cp: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return json.loads(cp.kubectl("get", "pod", "-n", ns, name, "-o", "json").stdout)
+
+
+def exists(cp: ControlPlane, ns: str, name: str) -> bool:
+    return cp.kubectl("get", "pod", "-n", ns, name, check=False).returncode == 0
+
+
+def resources(obj: dict[str, Any], index: int = 0) -> tuple[dict[str, str], dict[str, str]]:
+    r = obj["spec"]["containers"][index]["resources"]
+    return r.get("limits", {}), r.get("requests", {})

@@ -1,0 +1,129 @@
+"""The local control plane is a real one: versioned, RBAC-enforcing, storing nodes and pods, and leaving
+nothing behind. The webhook's end-to-end tests rely on each of these."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hami_mt_webhook.controlplane import ControlPlane, ControlPlaneError
+
+SGPU_CAPACITY = {"mthreads.com/sgpu-core": "16", "mthreads.com/sgpu-memory": "96"}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _processes_mentioning(path: Path) -> list[int]:
+    """Pids whose command line names `path`: our children pass their work dir in their flags.
+
+    Zombies have an empty command line, so a dead child not yet reaped does not count.
+    """
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(path).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
+
+
+def test_server_is_the_pinned_version(controlplane: ControlPlane) -> None:
+    out = json.loads(controlplane.kubectl("version", "-o", "json").stdout)
+    assert out["serverVersion"]["gitVersion"] == "v1.37.2"
+    assert out["clientVersion"]["gitVersion"] == "v1.37.2"
+
+
+def test_node_capacity_set_through_status_subresource(controlplane: ControlPlane) -> None:
+    controlplane.kubectl("create", "-f", "-", input=json.dumps(
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "e2e-cp-node"}}))
+    patch = json.dumps({"status": {"capacity": SGPU_CAPACITY}})
+    controlplane.kubectl("patch", "node", "e2e-cp-node", "--subresource=status", "--type=merge", "-p", patch)
+    node = json.loads(controlplane.kubectl("get", "node", "e2e-cp-node", "-o", "json").stdout)
+    assert {k: node["status"]["capacity"][k] for k in SGPU_CAPACITY} == SGPU_CAPACITY
+
+
+def test_rbac_is_enforced_for_user_kubeconfigs(controlplane: ControlPlane) -> None:
+    user = controlplane.user_kubeconfig("e2e-someone", groups=["e2e-team"])
+    whoami = json.loads(controlplane.kubectl("auth", "whoami", "-o", "json", kubeconfig=user).stdout)
+    assert whoami["status"]["userInfo"]["username"] == "e2e-someone"
+    assert "e2e-team" in whoami["status"]["userInfo"]["groups"]
+
+    denied = controlplane.kubectl("get", "nodes", kubeconfig=user, check=False)
+    assert denied.returncode != 0
+    assert "forbidden" in denied.stderr.lower()
+
+    controlplane.kubectl("create", "clusterrole", "e2e-node-reader", "--verb=get,list,watch", "--resource=nodes")
+    controlplane.kubectl("create", "clusterrolebinding", "e2e-node-reader", "--clusterrole=e2e-node-reader",
+                         "--user=e2e-someone")
+    deadline = time.monotonic() + 15  # the RBAC authorizer reads bindings from an informer cache
+    while (allowed := controlplane.kubectl("get", "nodes", kubeconfig=user, check=False)).returncode != 0:
+        assert time.monotonic() < deadline, allowed.stderr
+        time.sleep(0.2)
+    # Still nothing beyond the binding.
+    assert controlplane.kubectl("get", "pods", "-A", kubeconfig=user, check=False).returncode != 0
+
+
+def test_pods_are_stored_without_a_controller_manager(controlplane: ControlPlane) -> None:
+    controlplane.kubectl("create", "namespace", "e2e-cp")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "e2e-cp"},
+           "spec": {"containers": [{"name": "main", "image": "registry.invalid/pause:1"}]}}
+    controlplane.kubectl("create", "-f", "-", input=json.dumps(pod))
+    got = json.loads(controlplane.kubectl("get", "pod", "plain", "-n", "e2e-cp", "-o", "json").stdout)
+    assert got["spec"]["containers"][0]["image"] == "registry.invalid/pause:1"
+    assert got["status"]["phase"] == "Pending"  # stored, never scheduled
+
+
+def test_stop_leaves_no_processes_and_no_files() -> None:
+    cp = ControlPlane().start()
+    try:
+        pids, workdir = cp.pids, cp.workdir
+        assert set(pids) == {"etcd", "kube-apiserver"}
+        assert cp.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
+    finally:
+        cp.stop()
+    assert not [name for name, pid in pids.items() if _alive(pid)]
+    assert _processes_mentioning(workdir) == []
+    assert not workdir.exists()
+    cp.stop()  # idempotent
+
+
+def test_failed_start_cleans_up_and_shows_the_log(tmp_path: Path) -> None:
+    cp = ControlPlane(workdir=tmp_path, apiserver_args=["--no-such-flag"])
+    with pytest.raises(ControlPlaneError, match="kube-apiserver exited") as info:
+        cp.start()
+    assert "no-such-flag" in str(info.value)  # the tail of the apiserver log
+    assert _processes_mentioning(tmp_path) == []  # etcd had started; it must be gone too
+    assert list(tmp_path.iterdir()) == []  # the work dir inside it is gone
+
+
+def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
+    """A test run killed by a timeout (SIGKILL: no atexit, no finalizer) must not leave a cluster behind."""
+    script = (
+        "import json, os, signal, sys\n"
+        "from pathlib import Path\n"
+        "from hami_mt_webhook.controlplane import ControlPlane\n"
+        f"cp = ControlPlane(workdir=Path({str(tmp_path)!r})).start()\n"
+        "print(json.dumps(cp.pids), flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "HAMI_MT_CONTROLPLANE_BIN": str(ControlPlane().bin_dir)})
+    assert proc.returncode == -9, proc.stderr
+    assert set(json.loads(proc.stdout)) == {"etcd", "kube-apiserver"}
+    deadline = time.monotonic() + 10
+    while left := _processes_mentioning(tmp_path):
+        assert time.monotonic() < deadline, f"still running after the parent died: {left}"
+        time.sleep(0.1)

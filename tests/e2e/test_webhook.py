@@ -1,0 +1,104 @@
+"""The webhook as kube-apiserver calls it: every rule of SPEC.md §3–§4 through the built kubectl."""
+
+from __future__ import annotations
+
+import pytest
+
+from .support import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, apply, exists, pod, resources, stored
+
+
+@pytest.fixture(scope="module")
+def ns(controlplane, webhook):
+    name = "e2e-rules"
+    controlplane.kubectl("create", "namespace", name)
+    return name
+
+
+def test_slice_pod_is_stored_with_hami_scheduler_and_equal_requests(controlplane, ns):
+    r = apply(controlplane, ns, pod("slice", {VGPU: 1, MEMORY: 32, CORE: 8}))
+    assert r.returncode == 0, r.stderr
+    assert "Warning" not in r.stderr  # the scheduler rewrite alone prints nothing
+    obj = stored(controlplane, ns, "slice")
+    assert obj["spec"]["schedulerName"] == "hami-scheduler"
+    limits, requests = resources(obj)
+    assert limits == requests == {VGPU: "1", MEMORY: "32", CORE: "8"}
+
+
+@pytest.mark.parametrize(("name", "selector", "memory"), [("excl-s5000", ON_S5000, "160"), ("excl-s4000", ON_S4000, "96")])
+def test_exclusive_fill_takes_the_reported_capacity(controlplane, ns, name, selector, memory):
+    r = apply(controlplane, ns, pod(name, {VGPU: 1}, nodeSelector=selector))
+    assert r.returncode == 0, r.stderr
+    assert f"mthreads.com/sgpu-memory {memory}" in r.stderr  # kubectl prints the admission warning
+    limits, requests = resources(stored(controlplane, ns, name))
+    assert limits == requests == {VGPU: "1", MEMORY: memory, CORE: "16"}
+
+
+def test_snapping_stores_requests_equal_to_limits(controlplane, ns):
+    # HAMi upstream patched only limits here and the API server answered 422.
+    r = apply(controlplane, ns, pod("snap", {VGPU: 1, MEMORY: 20, CORE: 4}))
+    assert r.returncode == 0, r.stderr
+    assert "Warning: container \"c0\": mthreads.com/sgpu-memory 20 (10 GiB) snapped up to 32 (16 GiB)" in r.stderr
+    limits, requests = resources(stored(controlplane, ns, "snap"))
+    assert limits[MEMORY] == requests[MEMORY] == "32"
+
+
+def test_multi_card_takes_whole_cards(controlplane, ns):
+    r = apply(controlplane, ns, pod("multi", {VGPU: 2}, nodeSelector=ON_S5000))
+    assert r.returncode == 0, r.stderr
+    obj = stored(controlplane, ns, "multi")
+    limits, requests = resources(obj)
+    assert limits == requests == {VGPU: "2", MEMORY: "320", CORE: "32"}
+    assert obj["metadata"]["annotations"]["mthreads.com/request-gpu-num"] == "2"
+
+
+def test_mixed_container_is_denied_with_the_message(controlplane, ns):
+    r = apply(controlplane, ns, pod("mixed", {WHOLE: 1, VGPU: 1}))
+    assert r.returncode != 0
+    assert 'admission webhook "mutate.hami-mt.mthreads.com" denied the request: container "c0" asks for ' \
+           "mthreads.com/gpu (whole cards, outside HAMi) and for mthreads.com/vgpu (sGPU slices)" in r.stderr
+    assert not exists(controlplane, ns, "mixed")
+
+
+def test_vendor_form_is_converted(controlplane, ns):
+    r = apply(controlplane, ns, pod("vendor", {MEMORY: 2, CORE: 1}))
+    assert r.returncode == 0, r.stderr
+    assert "mthreads.com/vgpu 1 added" in r.stderr
+    limits, requests = resources(stored(controlplane, ns, "vendor"))
+    assert limits == requests == {VGPU: "1", MEMORY: "2", CORE: "1"}
+
+
+def test_pods_without_slices_are_untouched_and_never_sent(controlplane, ns, webhook):
+    reviews = _review_count(webhook)
+    for name, limits in (("plain", {"cpu": "100m"}), ("whole", {WHOLE: 1})):
+        r = apply(controlplane, ns, pod(name, limits))
+        assert r.returncode == 0, r.stderr
+        obj = stored(controlplane, ns, name)
+        assert obj["spec"]["schedulerName"] == "default-scheduler"
+    # whole-card pods name an mthreads.com/ resource and are sent (for the mixing check); plain pods are not
+    assert _review_count(webhook) == reviews + 2  # one mutating and one validating review for "whole"
+
+
+def test_dry_run_shows_warnings_and_denials_and_stores_nothing(controlplane, ns):
+    r = apply(controlplane, ns, pod("dry", {VGPU: 1, MEMORY: 20, CORE: 4}), "--dry-run=server", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    assert "snapped up to 32" in r.stderr
+    assert '"mthreads.com/sgpu-memory": "32"' in r.stdout
+    assert not exists(controlplane, ns, "dry")
+    r = apply(controlplane, ns, pod("dry-mixed", {WHOLE: 1, MEMORY: 4}), "--dry-run=server")
+    assert r.returncode != 0 and "denied the request" in r.stderr
+    assert not exists(controlplane, ns, "dry-mixed")
+
+
+def test_pod_rules_deny_privileged_slice_pods(controlplane, ns):
+    bad = pod("priv", {VGPU: 1, MEMORY: 8, CORE: 2})
+    bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    r = apply(controlplane, ns, bad)
+    assert r.returncode != 0 and 'container "c0" is privileged' in r.stderr
+
+
+def _review_count(webhook) -> float:
+    total = 0.0
+    for line in webhook.metrics().splitlines():
+        if line.startswith("hami_mt_webhook_reviews_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
