@@ -11,7 +11,8 @@ import yaml
 from hami_mt_webhook.controlplane import ControlPlane
 
 IMAGE = "registry.example.com/mthreads/musa-runtime:latest"
-VGPU, MEMORY, CORE, WHOLE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core", "mthreads.com/gpu"
+VGPU, MEMORY, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
+WHOLE = "mthreads.com/gpu"
 ON_S4000 = {"mthreads.com/gpu.product": "MTT-S4000"}
 ON_S5000 = {"mthreads.com/gpu.product": "MTT-S5000"}
 

@@ -24,7 +24,8 @@ def test_slice_pod_is_stored_with_hami_scheduler_and_equal_requests(controlplane
     assert limits == requests == {VGPU: "1", MEMORY: "32", CORE: "8"}
 
 
-@pytest.mark.parametrize(("name", "selector", "memory"), [("excl-s5000", ON_S5000, "160"), ("excl-s4000", ON_S4000, "96")])
+@pytest.mark.parametrize(("name", "selector", "memory"),
+                         [("excl-s5000", ON_S5000, "160"), ("excl-s4000", ON_S4000, "96")])
 def test_exclusive_fill_takes_the_reported_capacity(controlplane, ns, name, selector, memory):
     r = apply(controlplane, ns, pod(name, {VGPU: 1}, nodeSelector=selector))
     assert r.returncode == 0, r.stderr
