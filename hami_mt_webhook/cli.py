@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "over HTTPS, with a Node watch for per-card capacities.")
     serve.add_argument("--listen", default=_env("HAMI_MT_LISTEN", "0.0.0.0"),
                        help="address for the webhook listener [HAMI_MT_LISTEN; 0.0.0.0]")
-    serve.add_argument("--port", type=int, default=int(_env("HAMI_MT_PORT", "8443")),
+    serve.add_argument("--port", type=int, default=_env("HAMI_MT_PORT", "8443"),
                        help="HTTPS port for admission reviews [HAMI_MT_PORT; 8443]")
     serve.add_argument("--cert-file", default=_env("HAMI_MT_CERT_FILE", f"{DEFAULT_CERTS}/tls.crt"),
                        help="serving certificate, reloaded when it changes [HAMI_MT_CERT_FILE; certs/tls.crt]")
@@ -60,11 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--client-ca", default=os.environ.get("HAMI_MT_CLIENT_CA"),
                        help="if set, require a client certificate signed by this CA (the API server's) "
                             "[HAMI_MT_CLIENT_CA]")
-    serve.add_argument("--reload-interval", type=float, default=float(_env("HAMI_MT_RELOAD_INTERVAL", "10")),
+    serve.add_argument("--reload-interval", type=float, default=_env("HAMI_MT_RELOAD_INTERVAL", "10"),
                        help="seconds between checks of the certificate files [HAMI_MT_RELOAD_INTERVAL; 10]")
-    serve.add_argument("--health-port", type=int, default=int(_env("HAMI_MT_HEALTH_PORT", "8080")),
+    serve.add_argument("--health-port", type=int, default=_env("HAMI_MT_HEALTH_PORT", "8080"),
                        help="HTTP port for /readyz and /livez [HAMI_MT_HEALTH_PORT; 8080]")
-    serve.add_argument("--metrics-port", type=int, default=int(_env("HAMI_MT_METRICS_PORT", "9090")),
+    serve.add_argument("--metrics-port", type=int, default=_env("HAMI_MT_METRICS_PORT", "9090"),
                        help="HTTP port for Prometheus /metrics [HAMI_MT_METRICS_PORT; 9090]")
     serve.add_argument("--health-listen", default=_env("HAMI_MT_HEALTH_LISTEN", "0.0.0.0"),
                        help="address for the probe and metrics listeners [HAMI_MT_HEALTH_LISTEN; 0.0.0.0]")

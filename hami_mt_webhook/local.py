@@ -61,7 +61,8 @@ class LocalWebhook:
     """`hami-mt-webhook serve` in its own process, registered with the local API server."""
 
     def __init__(self, cp: ControlPlane, workdir: Path, *, port: int | None = None,
-                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None) -> None:
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 certs_dir: Path | None = None) -> None:
         self.cp = cp
         self.workdir = Path(workdir)
         self.port = port or free_port()
@@ -70,16 +71,18 @@ class LocalWebhook:
         self.extra_args = list(extra_args)
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.certs = certs.ensure(self.workdir / "certs")
-        self.log = self.workdir / "webhook.log"
+        self.certs = certs.ensure(certs_dir or self.workdir / "certs")
+        self.log = self.workdir / f"webhook-{self.port}.log"
+        self.kubeconfig = self.workdir / "webhook.kubeconfig"
 
     @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
-    def install(self) -> None:
-        """Apply the manifests' local overlay and write a kubeconfig for the shipped ServiceAccount."""
-        overlay = manifests.local_overlay(self.workdir / "overlay", self.url, self.certs.bundle.read_bytes())
+    def install(self, url: str | None = None) -> None:
+        """Apply the manifests' local overlay (calling `url`, by default this process) and write a
+        kubeconfig for the shipped ServiceAccount."""
+        overlay = manifests.local_overlay(self.workdir / "overlay", url or self.url, self.certs.bundle.read_bytes())
         self.cp.kubectl("apply", "-k", str(overlay))
         token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=24h").stdout.strip()
         config = {
@@ -89,7 +92,6 @@ class LocalWebhook:
             "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
             "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}],
         }
-        self.kubeconfig = self.workdir / "webhook.kubeconfig"
         certs.write_atomic(self.kubeconfig, yaml.safe_dump(config).encode(), 0o600)
 
     def command(self) -> list[str]:

@@ -1,4 +1,8 @@
-"""`hami-mt-webhook review`: the webhooks' answers for manifests, without a cluster (SPEC.md §7)."""
+"""`hami-mt-webhook review`: the webhooks' answers for manifests, without a cluster (SPEC.md §7).
+
+Pods get both pod webhooks; workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob) get
+validate-workloads, which judges their pod template and never patches them.
+"""
 
 from __future__ import annotations
 
@@ -10,14 +14,14 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from . import review
+from . import review, workloads
 from .capacity import ClusterView
 from .config import Config
 from .decision import Decision
 
 
 class InputError(ValueError):
-    """Input that is not a Pod, a list of Pods or an AdmissionReview; exit code 2."""
+    """Input that is not a Pod, a workload, a list of them or an AdmissionReview; exit code 2."""
 
 
 @dataclass
@@ -47,24 +51,33 @@ def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tu
     return out
 
 
+WORKLOADS = ", ".join(workloads.TEMPLATES)
+LISTS = ("List", "PodList", *(f"{kind}List" for kind in workloads.TEMPLATES))
+
+
 def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
-    """Flatten lists; refuse anything that is not a Pod or an AdmissionReview."""
+    """Flatten lists; refuse anything that is not a Pod, a workload with a pod template or an AdmissionReview."""
     out: list[Item] = []
     for source, doc in documents:
         if not isinstance(doc, dict):
             raise InputError(f"{source}: not a Kubernetes object "
-                             "(expected a Pod, a List of Pods or an AdmissionReview)")
+                             f"(expected a Pod, a workload ({WORKLOADS}), a List of them or an AdmissionReview)")
         kind = doc.get("kind")
-        if kind in ("List", "PodList") or (kind is None and isinstance(doc.get("items"), list)):
+        if kind in LISTS or (kind is None and isinstance(doc.get("items"), list)):
             entries = doc.get("items")
             if not isinstance(entries, list):
                 raise InputError(f"{source}: a {kind} needs an items list")
             out += items((f"{source}[{i}]", d) for i, d in enumerate(entries))
         elif kind in ("Pod", "AdmissionReview"):
             out.append(Item(source, doc))
+        elif kind in workloads.TEMPLATES:
+            if workloads.template(doc, kind) is None:
+                raise InputError(f"{source}: {workloads.label(doc, kind)} has no pod template at "
+                                 f"{workloads.template_path(kind)}")
+            out.append(Item(source, doc))
         else:
-            raise InputError(f"{source}: kind {kind!r} is not supported; "
-                             "give a Pod, a List of Pods or an AdmissionReview")
+            raise InputError(f"{source}: kind {kind!r} is not supported; give a Pod, a workload "
+                             f"({WORKLOADS}), a List of them or an AdmissionReview")
     return out
 
 
@@ -87,7 +100,11 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
         except review.BadReview as err:
             raise InputError(f"{item.source}: {err}") from None
         return out, decision.allowed
-    decision = review.admit(item.doc, view, config)
+    kind = item.doc.get("kind")
+    if kind in workloads.TEMPLATES:  # what validate-workloads answers when the workload is created
+        decision = workloads.check(item.doc, kind, view, config)
+    else:
+        decision = review.admit(item.doc, view, config)
     return summary(item.doc, decision), decision.allowed
 
 
@@ -135,7 +152,8 @@ def _text(item: Item, obj: dict[str, Any]) -> str:
             lines.append("  patched (base64 JSON Patch in the response)")
         return "\n".join(lines) + "\n"
     verdict = "allowed" if obj["allowed"] else f"DENIED ({obj['code']}): {obj['message']}"
-    lines = [f"pod {obj['namespace']}/{obj['name']}: {verdict}"]
+    kind = str(item.doc.get("kind") or "Pod").lower()
+    lines = [f"{kind} {obj['namespace']}/{obj['name']}: {verdict}"]
     lines += [f"  warning: {w}" for w in obj["warnings"]]
     lines += [f"  patch: {op['op']} {op['path']} = {orjson.dumps(op['value']).decode()}" for op in obj["patch"]]
     return "\n".join(lines) + "\n"

@@ -9,18 +9,16 @@ from typing import Any
 
 import orjson
 
-from . import rules
+from . import rules, workloads
 from .capacity import ClusterView
 from .config import Config
 from .decision import Decision
 
+#: A pod rule: the pod being created in, the decision out.
 Rule = Callable[[Any, ClusterView, Config], Decision]
+#: What a webhook does with one admission request (operation, kind, object, oldObject).
+Handler = Callable[[dict[str, Any], ClusterView, Config], Decision]
 
-#: Handler ids; the webhook configurations call https://<service>/<id>.
-WEBHOOKS: dict[str, Rule] = {
-    "mutate-pods": rules.mutate,
-    "validate-pods": rules.validate,
-}
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}
 
@@ -50,14 +48,16 @@ def request_of(review: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return request, uid
 
 
-def answer(review: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> tuple[dict[str, Any], Decision]:
-    """Apply `rule` to the review's pod; CREATE of a Pod is all the rules look at."""
+def answer(review: dict[str, Any], handler: Handler, view: ClusterView,
+           config: Config) -> tuple[dict[str, Any], Decision]:
+    """Apply a webhook's `handler` to the review's request."""
     request, uid = request_of(review)
-    decision = decide(request, rule, view, config)
+    decision = handler(request, view, config)
     return respond(uid, decision, review.get("apiVersion")), decision
 
 
 def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> Decision:
+    """A pod rule on a request; CREATE of a Pod is all the pod rules look at."""
     if request.get("operation") != "CREATE":
         return Decision()
     kind = request.get("kind")
@@ -69,6 +69,38 @@ def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Confi
     if obj is None:
         return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
     return rule(obj, view, config)
+
+
+def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+    """validate-workloads: the pod rules on a workload's pod template, on CREATE and UPDATE; never a patch."""
+    operation = request.get("operation")
+    if operation not in ("CREATE", "UPDATE") or request.get("subResource"):
+        return Decision()
+    obj = request.get("object")
+    if obj is None:
+        return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
+    kind = request.get("kind")
+    name = kind.get("kind") if isinstance(kind, dict) else None
+    if name is None and isinstance(obj, dict):
+        name = obj.get("kind")
+    if name not in workloads.TEMPLATES:
+        return Decision()
+    old = request.get("oldObject") if operation == "UPDATE" else None
+    return workloads.check(obj, name, view, config, old=old)
+
+
+def _pods(rule: Rule) -> Handler:
+    def handler(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+        return decide(request, rule, view, config)
+    return handler
+
+
+#: Handler ids; the webhook configurations call https://<service>/<id>.
+WEBHOOKS: dict[str, Handler] = {
+    "mutate-pods": _pods(rules.mutate),
+    "validate-pods": _pods(rules.validate),
+    "validate-workloads": decide_workload,
+}
 
 
 def respond(uid: str, decision: Decision, api_version: Any = None) -> dict[str, Any]:
@@ -98,34 +130,30 @@ class Reply:
 
 def handle(body: bytes, webhook: str, view: ClusterView, config: Config) -> Reply:
     """The HTTP seam: status code and body for a POST to /<webhook>."""
-    rule = WEBHOOKS.get(webhook)
-    if rule is None:
+    handler = WEBHOOKS.get(webhook)
+    if handler is None:
         return Reply(404, orjson.dumps({"error": f"no webhook {webhook!r}; known: {', '.join(WEBHOOKS)}"}))
     try:
         review = parse(body)
         request, _ = request_of(review)
-        out, decision = answer(review, rule, view, config)
+        out, decision = answer(review, handler, view, config)
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
     return Reply(200, orjson.dumps(out), decision, request)
 
 
-def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
-    """What the API server does with both webhooks: mutate, then validate the patched pod."""
-    mutated = rules.mutate(pod, view, config)
-    if not mutated.allowed:
-        return mutated
-    checked = rules.validate(mutated.object, view, config)
-    if not checked.allowed:
-        checked.warnings = mutated.warnings + checked.warnings
-        return checked
-    mutated.warnings += checked.warnings
-    return mutated
+#: What the API server does with both pod webhooks: mutate, then validate the patched pod.
+admit = rules.admit
 
 
 def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> tuple[dict[str, Any], Decision]:
-    """Both webhooks on an AdmissionReview: the mutating answer, or the validating denial of its result."""
+    """The server's answer to an AdmissionReview: for a pod both webhooks (the mutating answer, or the
+    validating denial of its result); for a workload, validate-workloads."""
     request, uid = request_of(review)
+    kind = request.get("kind")
+    if isinstance(kind, dict) and kind.get("kind") in workloads.TEMPLATES:
+        decision = decide_workload(request, view, config)
+        return respond(uid, decision, review.get("apiVersion")), decision
     mutated = decide(request, rules.mutate, view, config)
     final = mutated
     if mutated.allowed and mutated.object is not None:

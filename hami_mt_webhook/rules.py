@@ -83,6 +83,22 @@ def validate(pod: Any, view: ClusterView, config: Config) -> Decision:
     return Decision(object=pod)
 
 
+def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
+    """What the API server does with both webhooks: mutate, then validate the patched pod.
+
+    Lives here, beside the two rules, so the workload check can use it without importing review.
+    """
+    mutated = mutate(pod, view, config)
+    if not mutated.allowed:
+        return mutated
+    checked = validate(mutated.object, view, config)
+    if not checked.allowed:
+        checked.warnings = mutated.warnings + checked.warnings
+        return checked
+    mutated.warnings += checked.warnings
+    return mutated
+
+
 def _resource_changes(decision: Decision, pod: Any) -> list[str]:
     out = []
     for op in decision.patch:

@@ -8,6 +8,7 @@ the server hands each body straight to `review.handle`, the same code `review` a
 from __future__ import annotations
 
 import asyncio
+import base64
 import hashlib
 import logging
 import ssl
@@ -23,12 +24,11 @@ import kopf
 from . import certs, review
 from .capacity import ClusterView, report
 from .config import Config
+from .listener import GuardedHandler, Limits, Listener
 from .metrics import Metrics
 
 logger = logging.getLogger("hami_mt_webhook")
 
-#: Bodies above this get HTTP 413; kube-apiserver objects stay well below it.
-MAX_BODY = 3 * 1024 * 1024
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 
@@ -64,33 +64,30 @@ class AdmissionServer(kopf.WebhookServer):
 
     def __init__(self, state: State, *, addr: str = "0.0.0.0", port: int = 8443, certfile: str, pkeyfile: str,
                  cafile: str | None = None, client_ca: str | None = None, reload_interval: float = 10.0,
-                 max_body: int = MAX_BODY, shutdown_timeout: float = 4.0) -> None:
+                 limits: Limits | None = None) -> None:
         super().__init__(addr=addr, port=port, certfile=certfile, pkeyfile=pkeyfile, cafile=cafile,
                          file_check_interval=reload_interval)
         self.state = state
         self.client_ca = client_ca
-        self.max_body = max_body
-        self.shutdown_timeout = shutdown_timeout
+        self.limits = limits or Limits()
         self.listening = asyncio.Event()
+        self.listener: Listener | None = None
         self._current: ssl.SSLContext | None = None
         self._digest = b""
 
     async def __call__(self, fn: Any = None) -> AsyncIterator[dict[str, str]]:
         """Serve until cancelled; yields the client config once (kopf's server protocol)."""
         context = self._load()
-        app = aiohttp.web.Application(client_max_size=self.max_body)
+        app = aiohttp.web.Application(client_max_size=self.limits.max_body)
         app.router.add_post("/{id}", self._serve_review)
-        runner = aiohttp.web.AppRunner(app, access_log=None, keepalive_timeout=75,
-                                       shutdown_timeout=self.shutdown_timeout)
-        await runner.setup()
+        self.listener = listener = Listener(app, self.addr or "0.0.0.0", self.port or 0, context, self.limits)
+        await listener.start()
         try:
-            site = aiohttp.web.TCPSite(runner, self.addr, self.port, ssl_context=context)
-            await site.start()
+            self.port = listener.port
             logger.info("serving admission reviews on https://%s:%s", self.addr, self.port)
             self.listening.set()
             config: dict[str, str] = {"url": f"https://{self.addr}:{self.port}"}
             if self.cafile:
-                import base64
                 config["caBundle"] = base64.b64encode(Path(self.cafile).read_bytes()).decode()
             yield config  # type: ignore[misc]
             while True:
@@ -98,7 +95,8 @@ class AdmissionServer(kopf.WebhookServer):
                 self._reload()
         finally:
             self.listening.clear()
-            await runner.cleanup()  # stops accepting, lets in-flight reviews finish, then closes
+            logger.info("draining: no new connections, finishing in-flight reviews")
+            await asyncio.shield(listener.stop())
 
     def _files_digest(self) -> bytes:
         h = hashlib.sha256()
@@ -152,6 +150,8 @@ class AdmissionServer(kopf.WebhookServer):
         except aiohttp.web.HTTPRequestEntityTooLarge:
             self.state.metrics.bad_requests.labels(label).inc()
             raise
+        if isinstance(request.protocol, GuardedHandler):
+            request.protocol.request_read()
         state = self.state
         try:
             reply = review.handle(body, webhook, state.view, state.config)
@@ -162,7 +162,10 @@ class AdmissionServer(kopf.WebhookServer):
         decision = reply.decision
         if decision is not None and (decision.patch or not decision.allowed) and logger.isEnabledFor(logging.INFO):
             _log(webhook, reply.request or {}, decision)
-        return aiohttp.web.Response(status=reply.status, body=reply.body, content_type="application/json")
+        response = aiohttp.web.Response(status=reply.status, body=reply.body, content_type="application/json")
+        if self.listener is not None and self.listener.draining:
+            response.force_close()  # Connection: close, so the client does not reuse a closing connection
+        return response
 
 
 def _log(webhook: str, request: dict[str, Any], decision: Any) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ from helpers import nodes_view as _nodes_view  # noqa: E402
 from hami_mt_webhook import certs, server  # noqa: E402
 from hami_mt_webhook.capacity import ClusterView  # noqa: E402
 from hami_mt_webhook.config import Config  # noqa: E402
+from hami_mt_webhook.listener import Limits  # noqa: E402
 
 
 @pytest.fixture
@@ -46,12 +46,6 @@ def certs_dir(tmp_path: Path) -> certs.Layout:
     return certs.ensure(tmp_path / "certs")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class Running:
     """A webhook server on loopback; unpacks as (url, ca_path, state)."""
@@ -74,10 +68,9 @@ def serve_webhook(certs_dir: certs.Layout, nodes_view: ClusterView):
     @contextlib.asynccontextmanager
     async def start(state: server.State | None = None, **options: Any) -> AsyncIterator[Running]:
         state = state or server.State(Config(), nodes_view)
-        port = free_port()
         options.setdefault("reload_interval", 3600.0)
-        options.setdefault("shutdown_timeout", 0.5)
-        srv = server.AdmissionServer(state, addr="127.0.0.1", port=port, certfile=str(certs_dir.tls_cert),
+        options.setdefault("limits", Limits(drain_seconds=0.2, shutdown_timeout=0.5))
+        srv = server.AdmissionServer(state, addr="127.0.0.1", port=0, certfile=str(certs_dir.tls_cert),
                                      pkeyfile=str(certs_dir.tls_key), **options)
         gen = srv(None)
         configs: asyncio.Queue = asyncio.Queue()
@@ -96,7 +89,8 @@ def serve_webhook(certs_dir: certs.Layout, nodes_view: ClusterView):
                     task.result()  # raise what stopped the server
                 raise TimeoutError("the webhook server did not start")
             cfg = getter.result()
-            assert cfg["url"] == f"https://127.0.0.1:{port}"
+            port = srv.port  # the port the kernel gave
+            assert port and cfg["url"] == f"https://127.0.0.1:{port}"
             yield Running(cfg["url"], certs_dir.ca_cert, state, srv, certs_dir, port)
         finally:
             task.cancel()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hami_mt_webhook import manifests
+from hami_mt_webhook import manifests, review, workloads
 
 NS = "hami-mt-webhook"
 NAME = "hami-mt-webhook"
@@ -26,6 +26,18 @@ HOOKS = {
     "MutatingWebhookConfiguration": ("mutate.hami-mt.mthreads.com", "/mutate-pods"),
     "ValidatingWebhookConfiguration": ("validate.hami-mt.mthreads.com", "/validate-pods"),
 }
+WORKLOADS = "hami-mt-webhook-workloads"
+#: Every webhook configuration, (kind, metadata.name) -> (webhook name, handler path).
+CONFIGS = {
+    **{(kind, NAME): hook for kind, hook in HOOKS.items()},
+    ("ValidatingWebhookConfiguration", WORKLOADS): ("validate-workloads.hami-mt.mthreads.com", "/validate-workloads"),
+}
+WORKLOAD_RULES = [
+    {"operations": ["CREATE", "UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"],
+     "resources": ["deployments", "statefulsets", "daemonsets", "replicasets"], "scope": "Namespaced"},
+    {"operations": ["CREATE", "UPDATE"], "apiGroups": ["batch"], "apiVersions": ["v1"],
+     "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
+]
 NAMESPACE_SELECTOR = {
     "matchExpressions": [
         {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NS]},
@@ -50,6 +62,12 @@ def one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     return found[0]
 
 
+def configuration(docs: list[dict[str, Any]], kind: str, name: str = NAME) -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
 def kustomize(path: Path) -> list[dict[str, Any]]:
     assert KUBECTL is not None
     out = subprocess.run([KUBECTL, "kustomize", str(path)], check=True, capture_output=True, text=True).stdout
@@ -69,7 +87,7 @@ def test_load_follows_the_kustomization_resources_in_order(docs: list[dict[str, 
     assert sorted(d["kind"] for d in docs) == sorted([
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
         "PodDisruptionBudget", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
     ])  # fmt: skip
 
 
@@ -109,7 +127,7 @@ def test_dump_round_trips(docs: list[dict[str, Any]]) -> None:
 def test_with_ca_bundle_sets_every_webhook_and_leaves_the_input(docs: list[dict[str, Any]]) -> None:
     out = manifests.with_ca_bundle(docs, CA_PEM)
     hooks = [w for d in out if d["kind"] in HOOKS for w in d["webhooks"]]
-    assert len(hooks) == 2
+    assert len(hooks) == len(CONFIGS)
     for hook in hooks:
         assert base64.b64decode(hook["clientConfig"]["caBundle"]) == CA_PEM
         assert hook["clientConfig"]["service"]["name"] == NAME
@@ -121,7 +139,7 @@ def test_with_ca_bundle_sets_every_webhook_and_leaves_the_input(docs: list[dict[
 
 @pytest.mark.parametrize("kind", sorted(HOOKS))
 def test_webhook_configuration(docs: list[dict[str, Any]], kind: str) -> None:
-    config = one(docs, kind)
+    config = configuration(docs, kind)
     assert config["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert config["metadata"]["name"] == NAME
     assert "cert-manager.io/inject-ca-from" not in config["metadata"].get("annotations", {})
@@ -147,7 +165,8 @@ def test_webhook_configuration(docs: list[dict[str, Any]], kind: str) -> None:
 
 def match_condition(docs: list[dict[str, Any]]) -> str:
     """The one matchConditions expression; the two webhooks and the backstop must share it."""
-    texts = {c["expression"] for d in docs if d["kind"] in HOOKS for w in d["webhooks"] for c in w["matchConditions"]}
+    texts = {c["expression"] for d in docs if d["kind"] in HOOKS and d["metadata"]["name"] == NAME
+             for w in d["webhooks"] for c in w["matchConditions"]}
     texts |= {c["expression"] for c in one(docs, "ValidatingAdmissionPolicy")["spec"]["matchConditions"]}
     assert len(texts) == 1, texts
     return texts.pop()
@@ -160,6 +179,50 @@ def test_match_condition_text_guards_every_optional_field(docs: list[dict[str, A
                   "has(c.resources.limits)", "has(c.resources.requests)"):  # fmt: skip
         assert guard in text
     assert text.count("startsWith('mthreads.com/')") == 2
+
+
+def test_every_handler_has_a_configuration_and_every_path_a_handler(docs: list[dict[str, Any]]) -> None:
+    found = {(d["kind"], d["metadata"]["name"]): (w["name"], w["clientConfig"]["service"]["path"])
+             for d in docs if d["kind"] in HOOKS for w in d["webhooks"]}
+    assert found == CONFIGS
+    assert {path.lstrip("/") for _, path in CONFIGS.values()} == set(review.WEBHOOKS)
+
+
+def test_workload_webhook_configuration(docs: list[dict[str, Any]]) -> None:
+    config = configuration(docs, "ValidatingWebhookConfiguration", WORKLOADS)
+    assert config["apiVersion"] == "admissionregistration.k8s.io/v1"
+    assert config["metadata"]["labels"] == {"app.kubernetes.io/name": NAME}
+    (hook,) = config["webhooks"]
+    pods = configuration(docs, "ValidatingWebhookConfiguration")["webhooks"][0]
+    name, path = CONFIGS[("ValidatingWebhookConfiguration", WORKLOADS)]
+    assert hook["name"] == name
+    assert hook["clientConfig"] == {"service": {"namespace": NS, "name": NAME, "port": 443, "path": path}}
+    assert hook["rules"] == WORKLOAD_RULES
+    for field in ("admissionReviewVersions", "sideEffects", "timeoutSeconds", "matchPolicy", "namespaceSelector",
+                  "objectSelector"):
+        assert hook[field] == pods[field], field
+    # Advisory: pods are checked again by the Fail webhooks, so an outage here must not block rollouts.
+    assert hook["failurePolicy"] == "Ignore"
+    assert "reinvocationPolicy" not in hook
+    # Every workload kind the handler reads is routed here, in the group the handler expects.
+    routed = {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert routed == {(group, kind.lower() + "s") for kind, (group, _) in workloads.TEMPLATES.items()}
+
+
+def workload_condition(docs: list[dict[str, Any]]) -> str:
+    (hook,) = configuration(docs, "ValidatingWebhookConfiguration", WORKLOADS)["webhooks"]
+    (condition,) = hook["matchConditions"]
+    assert condition["name"]
+    return condition["expression"]
+
+
+def test_workload_condition_reads_the_template_as_the_pod_condition_reads_the_pod(docs: list[dict[str, Any]]) -> None:
+    """The same discipline as the pod webhooks: their container test, applied to each kind's template."""
+    text = workload_condition(docs)
+    assert match_condition(docs).replace("object.spec", "t.spec") in text
+    for guard in ("has(object.spec)", "has(object.spec.template)", "has(object.spec.jobTemplate)",
+                  "has(object.spec.jobTemplate.spec)", "has(object.spec.jobTemplate.spec.template)", "has(t.spec)"):
+        assert guard in text
 
 
 # --- CEL, evaluated --------------------------------------------------------------------------------------
@@ -231,6 +294,58 @@ def test_match_condition_sends_pods_that_name_mthreads_resources(
 @pytest.mark.parametrize("case", sorted(NOT_SENT))
 def test_match_condition_skips_every_other_pod(docs: list[dict[str, Any]], cel: Any, case: str) -> None:
     assert cel.evaluate(match_condition(docs), {"object": NOT_SENT[case]}) is False
+
+
+def workload(kind: str, pod_obj: dict[str, Any]) -> dict[str, Any]:
+    """A workload of `kind` whose pod template is `pod_obj`'s metadata and spec, where that kind keeps it."""
+    group, path = workloads.TEMPLATES[kind]
+    node: dict[str, Any] = {"metadata": {"labels": {"app": "x"}}, "spec": pod_obj["spec"]}
+    for key in reversed(path):
+        node = {key: node}
+    return {"apiVersion": f"{group}/v1", "kind": kind, "metadata": {"name": "w", "namespace": "default"}, **node}
+
+
+@pytest.mark.parametrize("kind", sorted(workloads.TEMPLATES))
+@pytest.mark.parametrize("case", sorted(SENT))
+def test_workload_condition_sends_templates_that_name_mthreads_resources(
+    docs: list[dict[str, Any]], cel: Any, kind: str, case: str
+) -> None:
+    assert cel.evaluate(workload_condition(docs), {"object": workload(kind, SENT[case])}) is True
+
+
+@pytest.mark.parametrize("kind", sorted(workloads.TEMPLATES))
+@pytest.mark.parametrize("case", sorted(NOT_SENT))
+def test_workload_condition_skips_every_other_template(
+    docs: list[dict[str, Any]], cel: Any, kind: str, case: str
+) -> None:
+    assert cel.evaluate(workload_condition(docs), {"object": workload(kind, NOT_SENT[case])}) is False
+
+
+SHAPES = {
+    "no-spec": {"kind": "Deployment", "metadata": {"name": "w"}},
+    "no-template": {"kind": "Deployment", "spec": {"replicas": 1}},
+    "template-without-spec": {"kind": "Deployment", "spec": {"template": {"metadata": {}}}},
+    "cronjob-no-job-template": {"kind": "CronJob", "spec": {"schedule": "* * * * *"}},
+    "cronjob-job-template-without-spec": {"kind": "CronJob", "spec": {"jobTemplate": {"metadata": {}}}},
+    "cronjob-job-spec-without-template": {"kind": "CronJob", "spec": {"jobTemplate": {"spec": {"parallelism": 1}}}},
+    # A CronJob keeps its template one level deeper; the apps path must not be read there.
+    "cronjob-template-at-apps-path": {"kind": "CronJob", "spec": {"template": {"spec": {"containers": [
+        {"name": "a", "resources": {"limits": {"cpu": "1"}}}]}}}},
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHAPES))
+def test_workload_condition_guards_every_step_to_the_template(docs: list[dict[str, Any]], cel: Any, case: str) -> None:
+    assert cel.evaluate(workload_condition(docs), {"object": SHAPES[case]}) is False
+
+
+def test_workload_condition_on_the_examples(docs: list[dict[str, Any]], cel: Any) -> None:
+    examples = manifests.base_dir().parent / "examples"
+    found = [d for f in sorted(examples.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
+             if d and d.get("kind") in workloads.TEMPLATES]
+    assert {d["kind"] for d in found} >= {"Deployment", "CronJob"}
+    for doc in found:
+        assert cel.evaluate(workload_condition(docs), {"object": doc}) is True, doc["metadata"]["name"]
 
 
 def backstop(docs: list[dict[str, Any]], cel: Any, obj: dict[str, Any]) -> list[str]:
@@ -425,7 +540,7 @@ def test_cert_manager_component_files() -> None:
     root = manifests.base_dir() / "components" / "cert-manager"
     kustomization = yaml.safe_load((root / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Component"
-    assert sorted(p["target"]["kind"] for p in kustomization["patches"]) == sorted(HOOKS)
+    assert sorted((p["target"]["kind"], p["target"]["name"]) for p in kustomization["patches"]) == sorted(CONFIGS)
     objs = [d for r in kustomization["resources"] for d in yaml.safe_load_all((root / r).read_text()) if d]
     cert = one(objs, "Certificate")
     assert cert["metadata"] == {**cert["metadata"], "name": NAME, "namespace": NS}
@@ -444,8 +559,8 @@ def test_cert_manager_component_renders_with_the_base(tmp_path: Path) -> None:
         "resources: [../base]\ncomponents: [../base/components/cert-manager]\n"
     )
     rendered = kustomize(tmp_path / "overlay")
-    for kind in HOOKS:
-        annotations = one(rendered, kind)["metadata"]["annotations"]
+    for kind, name in CONFIGS:
+        annotations = configuration(rendered, kind, name)["metadata"]["annotations"]
         assert annotations["cert-manager.io/inject-ca-from"] == f"{NS}/{NAME}"
     assert one(rendered, "Certificate")["spec"]["secretName"] == "hami-mt-webhook-tls"
 
@@ -461,15 +576,16 @@ def test_local_overlay_structure(tmp_path: Path) -> None:
     assert manifests.load(tmp_path / "base") == manifests.load()
     kustomization = yaml.safe_load((local / "kustomization.yaml").read_text())
     assert kustomization["resources"] == ["../base"]
-    by_kind = {p["target"]["kind"]: yaml.safe_load(p["patch"]) for p in kustomization["patches"]}
-    assert sorted(by_kind) == sorted([*HOOKS, *manifests.IN_CLUSTER_ONLY])
-    for kind, (_, path) in HOOKS.items():
-        (op,) = by_kind[kind]
+    by_target = {(p["target"]["kind"], p["target"]["name"]): yaml.safe_load(p["patch"])
+                 for p in kustomization["patches"]}
+    assert sorted(by_target) == sorted([*CONFIGS, *((kind, NAME) for kind in manifests.IN_CLUSTER_ONLY)])
+    for target, (_, path) in CONFIGS.items():
+        (op,) = by_target[target]
         assert op["op"] == "replace" and op["path"] == "/webhooks/0/clientConfig"
         assert op["value"]["url"] == f"https://127.0.0.1:18443{path}"
         assert base64.b64decode(op["value"]["caBundle"]) == CA_PEM
     for kind in manifests.IN_CLUSTER_ONLY:
-        assert by_kind[kind]["$patch"] == "delete"
+        assert by_target[(kind, NAME)]["$patch"] == "delete"
     # Writing again replaces the copy instead of failing or nesting.
     assert manifests.local_overlay(tmp_path, "https://127.0.0.1:18443", CA_PEM) == local
 
@@ -480,10 +596,10 @@ def test_local_overlay_renders_with_kustomize(tmp_path: Path) -> None:
     kinds = {d["kind"] for d in rendered}
     assert not kinds & set(manifests.IN_CLUSTER_ONLY)
     assert {"Namespace", "ClusterRole", "ValidatingAdmissionPolicy", *HOOKS} <= kinds
-    for kind, (_, path) in HOOKS.items():
-        (hook,) = one(rendered, kind)["webhooks"]
+    for (kind, name), (_, path) in CONFIGS.items():
+        (hook,) = configuration(rendered, kind, name)["webhooks"]
         assert hook["clientConfig"] == {
             "url": f"https://127.0.0.1:18443{path}",
             "caBundle": base64.b64encode(CA_PEM).decode(),
         }
-        assert hook["failurePolicy"] == "Fail" and hook["matchConditions"]
+        assert hook["failurePolicy"] == ("Ignore" if name == WORKLOADS else "Fail") and hook["matchConditions"]

@@ -10,7 +10,19 @@ from typing import Any
 import jsonpatch
 import orjson
 import pytest
-from helpers import CORE, MEMORY, ON_S4000, ON_S5000, PRODUCT, SCHEDULER, VGPU, WHOLE, count_case, nodes_view, review_body
+from helpers import (
+    CORE,
+    MEMORY,
+    ON_S4000,
+    ON_S5000,
+    PRODUCT,
+    SCHEDULER,
+    VGPU,
+    WHOLE,
+    count_case,
+    nodes_view,
+    review_body,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -1,0 +1,241 @@
+"""`hami-mt-webhook review`: the webhooks' answers offline, with exit codes and JSON lines (SPEC.md §7)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+from helpers import CORE, MEMORY, SCHEDULER, VGPU, WHOLE, container, decode_patch, make_pod, review_body
+
+from hami_mt_webhook import cli, offline, review
+from hami_mt_webhook.config import Config
+from hami_mt_webhook.quantities import whole
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+NODES = EXAMPLES / "nodes.yaml"
+EXE = Path(sys.executable).parent / "hami-mt-webhook"
+KEYS = {"name", "namespace", "allowed", "code", "message", "warnings", "patch", "object"}
+
+
+def run(capsys, *args: str) -> tuple[int, list[dict[str, Any]], str]:
+    """cli.main with -o json: exit code, one parsed object per stdout line, stderr."""
+    code = cli.main(["review", *args, "-o", "json"])
+    out, err = capsys.readouterr()
+    return code, [json.loads(line) for line in out.splitlines()], err
+
+
+def write(tmp_path: Path, name: str, *docs: Any) -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return str(path)
+
+
+def resources(obj: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    return obj["spec"]["containers"][index]["resources"]
+
+
+def numeric(values: dict[str, Any]) -> dict[str, int]:
+    return {k: whole(v) for k, v in values.items()}
+
+
+# --- the examples, against the example nodes -----------------------------------------------------------------------
+
+def test_slice_pod(capsys):
+    code, [line], err = run(capsys, "-f", str(EXAMPLES / "slice-pod.yaml"), "--nodes", str(NODES))
+    assert code == 0 and err == ""
+    assert set(line) == KEYS
+    assert (line["name"], line["namespace"], line["allowed"], line["code"]) == ("sgpu-pod", "default", True, 200)
+    obj = line["object"]
+    assert obj["spec"]["schedulerName"] == SCHEDULER
+    res = resources(obj)
+    assert numeric(res["limits"]) == numeric(res["requests"]) == {VGPU: 1, MEMORY: 32, CORE: 8}
+    source = yaml.safe_load((EXAMPLES / "slice-pod.yaml").read_text())
+    assert jsonpatch.apply_patch(source, line["patch"]) == obj
+
+
+def test_exclusive_pod_pinned_to_s5000_gets_the_s5000_card(capsys):
+    code, [line], _ = run(capsys, "-f", str(EXAMPLES / "exclusive-pod.yaml"), "--nodes", str(NODES))
+    assert code == 0 and line["allowed"]
+    res = resources(line["object"])
+    assert numeric(res["limits"]) == numeric(res["requests"]) == {VGPU: 1, MEMORY: 160, CORE: 16}
+    assert line["object"]["spec"]["schedulerName"] == SCHEDULER
+    assert any("160" in w for w in line["warnings"])
+
+
+def test_multi_card_pod(capsys):
+    code, [line], _ = run(capsys, "-f", str(EXAMPLES / "multi-card-pod.yaml"), "--nodes", str(NODES))
+    assert code == 0 and line["allowed"]
+    res = resources(line["object"])
+    assert numeric(res["limits"]) == numeric(res["requests"]) == {VGPU: 2, MEMORY: 320, CORE: 32}
+    assert line["object"]["metadata"]["annotations"]["mthreads.com/request-gpu-num"] == "2"
+
+
+def test_whole_card_pod_is_untouched(capsys):
+    code, [line], _ = run(capsys, "-f", str(EXAMPLES / "whole-card-pod.yaml"), "--nodes", str(NODES))
+    assert code == 0
+    assert line["allowed"] and line["patch"] == [] and line["warnings"] == []
+    assert line["object"] == yaml.safe_load((EXAMPLES / "whole-card-pod.yaml").read_text())
+    assert "schedulerName" not in line["object"]["spec"]
+
+
+def test_mixed_pod_is_denied_naming_the_container(capsys):
+    code, [line], err = run(capsys, "-f", str(EXAMPLES / "mixed-denied-pod.yaml"), "--nodes", str(NODES))
+    assert code == 1 and err == ""
+    assert line["allowed"] is False and line["code"] == 403
+    assert '"confused"' in line["message"] and WHOLE in line["message"]
+    assert line["patch"] == []
+    assert line["object"] == yaml.safe_load((EXAMPLES / "mixed-denied-pod.yaml").read_text())
+
+
+def test_all_examples_at_once_exit_1_with_one_line_each(capsys):
+    files = sorted(p for p in EXAMPLES.glob("*-pod.yaml"))
+    args = [a for f in files for a in ("-f", str(f))]
+    code, lines, _ = run(capsys, *args, "--nodes", str(NODES))
+    assert code == 1
+    assert [line["allowed"] for line in lines] == ["denied" not in f.name for f in files]
+
+
+def test_text_output(capsys):
+    code = cli.main(["review", "-f", str(EXAMPLES / "exclusive-pod.yaml"),
+                     "-f", str(EXAMPLES / "mixed-denied-pod.yaml"), "--nodes", str(NODES)])
+    out, _ = capsys.readouterr()
+    assert code == 1
+    assert "pod default/exclusive-pod: allowed" in out
+    assert "pod default/mixed-pod: DENIED (403)" in out and '"confused"' in out
+    assert "warning:" in out and "patch:" in out
+
+
+# --- input shapes --------------------------------------------------------------------------------------------------
+
+def test_several_documents_and_a_list(tmp_path, capsys):
+    a = make_pod(container("a", limits={VGPU: 1, MEMORY: 32}), name="a")
+    b = make_pod(container("b", limits={"cpu": "1"}), name="b", namespace="team")
+    c = make_pod(container("c", limits={VGPU: 1, MEMORY: 20, CORE: 4}), name="c")
+    d = make_pod(container("d", limits={VGPU: 1, MEMORY: "1.5"}), name="d")
+    path = write(tmp_path, "pods.yaml", a, {"apiVersion": "v1", "kind": "List", "items": [b, c]}, None,
+                 {"apiVersion": "v1", "kind": "PodList", "items": [d]})
+    code, lines, err = run(capsys, "-f", path)
+    assert code == 1 and err == ""
+    assert [(x["name"], x["namespace"], x["allowed"]) for x in lines] == [
+        ("a", "default", True), ("b", "team", True), ("c", "default", True), ("d", "default", False)]
+    assert all(set(x) == KEYS for x in lines)
+    assert lines[1]["patch"] == [] and lines[1]["object"] == b
+    c_res = resources(lines[2]["object"])
+    assert numeric(c_res["limits"]) == numeric(c_res["requests"]) == {VGPU: 1, MEMORY: 32, CORE: 4}  # snapped
+    assert any("snapped up to 32" in w for w in lines[2]["warnings"])
+    assert lines[3]["code"] == 403 and '"d"' in lines[3]["message"] and "1.5" in lines[3]["message"]
+
+
+def test_json_input(tmp_path, capsys):
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(make_pod(container("j", limits={VGPU: 1}), name="j")))
+    code, [line], _ = run(capsys, "-f", str(path))
+    assert code == 0 and line["name"] == "j"
+
+
+def test_stdin(monkeypatch, capsys):
+    text = (EXAMPLES / "slice-pod.yaml").read_text() + "\n---\n" + (EXAMPLES / "whole-card-pod.yaml").read_text()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    code, lines, _ = run(capsys, "-f", "-")
+    assert code == 0
+    assert [x["name"] for x in lines] == ["sgpu-pod", "whole-card-pod"]
+
+
+def test_memory_per_card_without_nodes_changes_the_exclusive_fill(tmp_path, capsys):
+    path = write(tmp_path, "pod.yaml", make_pod(container("t", limits={VGPU: 1})))
+    _, [default], _ = run(capsys, "-f", path)
+    assert whole(resources(default["object"])["limits"][MEMORY]) == 96
+
+    code, [line], _ = run(capsys, "-f", path, "--memory-per-card", "96,160")
+    assert code == 0
+    res = resources(line["object"])
+    assert numeric(res["limits"]) == numeric(res["requests"]) == {VGPU: 1, MEMORY: 160, CORE: 16}
+    assert any("96, 160" in w and "nodeSelector" in w for w in line["warnings"])
+
+
+def test_admission_review_input_is_answered_exactly_like_the_server(tmp_path, capsys):
+    view = offline.view_from([str(NODES)], Config())
+    reviews = [
+        review_body(yaml.safe_load((EXAMPLES / "exclusive-pod.yaml").read_text()), uid="uid-exclusive"),
+        review_body(make_pod(container("c", limits={VGPU: 1, MEMORY: "abc"})), uid="uid-denied"),
+        review_body(make_pod(), operation="DELETE", uid="uid-delete"),
+    ]
+    path = write(tmp_path, "reviews.yaml", *reviews)
+    code, lines, _ = run(capsys, "-f", path, "--nodes", str(NODES))
+    assert code == 1
+    for body, line in zip(reviews, lines, strict=True):
+        server = review.handle(json.dumps(body).encode(), "mutate-pods", view, Config())
+        assert server.status == 200
+        assert line == json.loads(server.body)
+        assert line["response"]["uid"] == body["request"]["uid"]
+    first = lines[0]["response"]
+    assert first["patchType"] == "JSONPatch"
+    out = jsonpatch.apply_patch(reviews[0]["request"]["object"], decode_patch(first))
+    assert whole(resources(out)["requests"][MEMORY]) == 160
+    assert lines[1]["response"]["status"]["code"] == 403
+
+
+# --- bad input: exit 2 and one clear line --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", ["missing file", "not yaml", "binary", "deployment", "node as pod", "scalar",
+                                  "empty", "pod as node", "bad memory-per-card", "review without uid"])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
+    pod = str(EXAMPLES / "slice-pod.yaml")
+    args = {
+        "missing file": ["-f", str(tmp_path / "nope.yaml")],
+        "not yaml": ["-f", str(_file(tmp_path, "bad.yaml", "kind: Pod\nspec: [unclosed\n"))],
+        "binary": ["-f", str(_file(tmp_path, "bin.yaml", b"\xff\xfe\x00\x01"))],
+        "deployment": ["-f", str(_file(tmp_path, "d.yaml", "apiVersion: apps/v1\nkind: Deployment\n"))],
+        "node as pod": ["-f", str(NODES)],
+        "scalar": ["-f", str(_file(tmp_path, "s.yaml", "just a string\n"))],
+        "empty": ["-f", str(_file(tmp_path, "e.yaml", "---\n"))],
+        "pod as node": ["-f", pod, "--nodes", pod],
+        "bad memory-per-card": ["-f", pod, "--memory-per-card", "lots"],
+        "review without uid": ["-f", str(_file(tmp_path, "r.yaml", "kind: AdmissionReview\nrequest: {object: {}}\n"))],
+    }[case]
+    code = cli.main(["review", *args, "-o", "json"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert err.endswith("\n") and err.count("\n") == 1, err
+    assert err.startswith("hami-mt-webhook")
+    assert "Traceback" not in err
+
+
+def _file(tmp_path: Path, name: str, content: str | bytes) -> Path:
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content)
+    return path
+
+
+# --- the installed command -----------------------------------------------------------------------------------------
+
+def test_installed_command_reads_stdin_and_sets_exit_codes(tmp_path):
+    assert EXE.exists(), EXE
+    text = (EXAMPLES / "multi-card-pod.yaml").read_text() + "---\n" + (EXAMPLES / "mixed-denied-pod.yaml").read_text()
+    proc = subprocess.run([str(EXE), "review", "-f", "-", "--nodes", str(NODES), "-o", "json"], input=text,
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert [x["allowed"] for x in lines] == [True, False]
+    assert whole(resources(lines[0]["object"])["requests"][MEMORY]) == 320
+
+    proc = subprocess.run([str(EXE), "review", "-f", str(EXAMPLES / "slice-pod.yaml")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and "pod default/sgpu-pod: allowed" in proc.stdout
+
+    proc = subprocess.run([str(EXE), "review", "-f", str(tmp_path / "missing.yaml")], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "missing.yaml" in proc.stderr
