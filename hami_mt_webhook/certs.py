@@ -185,12 +185,14 @@ def due(cert: x509.Certificate, now: dt.datetime | None = None) -> bool:
 
 def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
            extra_dns: Iterable[str] = (), days: float = SERVING_DAYS, force: bool = False,
-           new_authority: bool = False) -> list[str]:
+           new_authority: bool = False, drop_old: bool = False) -> list[str]:
     """Renew what is due; return what was done, one line each.
 
-    With `new_authority` a new CA replaces the old one. The bundle then holds both, so clients that
-    still trust only the old CA and servers already on the new one both keep working; drop the old
-    CA from the bundle once every webhook configuration carries the new bundle.
+    Replacing the CA takes three steps, so the API server always trusts the certificate served:
+    1. `new_authority`: a new CA signs from now on; the bundle holds the new and the old CA, and the
+       serving certificate (from the old CA) stays. Put the bundle into the webhook configurations.
+    2. `force`: a serving certificate from the new CA; the servers reload it in place.
+    3. `drop_old`: the bundle holds the new CA only. Put it into the webhook configurations.
     """
     layout = ensure(root, service, namespace, extra_dns, days)
     done: list[str] = []
@@ -200,12 +202,14 @@ def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "ha
         ca = new_ca()
         write_pair(ca, layout.ca_cert, layout.ca_key)
         write_atomic(layout.bundle, ca.cert_pem() + old_pem)
-        done.append(f"new CA; {layout.bundle.name} holds the new and the old CA")
-        force = True
-    current = x509.load_pem_x509_certificate(layout.tls_cert.read_bytes())
-    if force or due(current):
+        done.append(f"new CA; {layout.bundle.name} holds the new and the old CA: apply it to the webhook "
+                    "configurations, then run `certs --rotate --force` to serve a certificate from the new CA")
+    elif force or due(x509.load_pem_x509_certificate(layout.tls_cert.read_bytes())):
         pair = _serve(layout, ca, service, namespace, extra_dns, days)
         done.append(f"new serving certificate, valid until {pair.cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+    if drop_old:
+        write_atomic(layout.bundle, ca.cert_pem())
+        done.append(f"{layout.bundle.name} holds the current CA only: apply it to the webhook configurations")
     return done
 
 

@@ -99,7 +99,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="renew the serving certificate if 2/3 of its lifetime has passed")
     ct.add_argument("--force", action="store_true", help="with --rotate: renew now")
     ct.add_argument("--new-ca", action="store_true",
-                    help="with --rotate: replace the CA; ca-bundle.crt then holds the new and the old CA")
+                    help="with --rotate: start replacing the CA; ca-bundle.crt then holds the new and the old CA "
+                         "(apply it, then --rotate --force, then --rotate --drop-old-ca)")
+    ct.add_argument("--drop-old-ca", action="store_true",
+                    help="with --rotate: ca-bundle.crt holds the current CA only (the last step of a CA change)")
 
     from . import controlplane
 
@@ -162,7 +165,7 @@ def _certs(args: argparse.Namespace) -> int:
     root = Path(args.dir)
     if args.rotate:
         done = certs.rotate(root, service=args.service, namespace=args.namespace, days=args.days,
-                            force=args.force, new_authority=args.new_ca)
+                            force=args.force, new_authority=args.new_ca, drop_old=args.drop_old_ca)
         for line in done or ["nothing due: the serving certificate is within 2/3 of its lifetime"]:
             print(line)
     layout = certs.ensure(root, args.service, args.namespace, days=args.days)

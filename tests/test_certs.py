@@ -120,18 +120,38 @@ def test_rotate_force_issues_a_new_serial_from_the_same_ca(certs_dir):
     certs.load_pair(certs_dir.tls_cert, certs_dir.tls_key)  # key and certificate belong together
 
 
-def test_new_authority_bundles_both_cas(certs_dir):
-    old_ca = load(certs_dir.ca_cert)
-    done = certs.rotate(certs_dir.root, new_authority=True)
-    assert any("new CA" in line for line in done) and any("serving" in line for line in done)
+def test_replacing_the_ca_keeps_the_served_certificate_trusted_at_every_step(certs_dir):
+    def trusted(leaf: x509.Certificate) -> bool:
+        bundle = x509.load_pem_x509_certificates(certs_dir.bundle.read_bytes())
+        return any(leaf.issuer == ca.subject and _issued(leaf, ca) for ca in bundle)
+
+    old_ca, old_leaf = load(certs_dir.ca_cert), load(certs_dir.tls_cert)
+    done = certs.rotate(certs_dir.root, new_authority=True)  # 1: trust both, still serve the old leaf
+    assert any("new CA" in line for line in done)
     new_ca = load(certs_dir.ca_cert)
     assert new_ca.serial_number != old_ca.serial_number
     bundle = x509.load_pem_x509_certificates(certs_dir.bundle.read_bytes())
-    assert len(bundle) == 2
     assert {c.serial_number for c in bundle} == {old_ca.serial_number, new_ca.serial_number}
+    assert load(certs_dir.tls_cert).serial_number == old_leaf.serial_number and trusted(old_leaf)
+
+    certs.rotate(certs_dir.root, force=True)  # 2: serve from the new CA
     leaf = load(certs_dir.tls_cert)
     leaf.verify_directly_issued_by(new_ca)
+    assert trusted(leaf)
+
+    certs.rotate(certs_dir.root, drop_old=True)  # 3: trust the new CA only
+    assert [c.serial_number for c in x509.load_pem_x509_certificates(certs_dir.bundle.read_bytes())] == \
+        [new_ca.serial_number]
+    assert trusted(leaf) and not trusted(old_leaf)
     assert certs.expiry(certs_dir.tls_cert) == leaf.not_valid_after_utc
+
+
+def _issued(leaf: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        leaf.verify_directly_issued_by(ca)
+    except Exception:
+        return False
+    return True
 
 
 def test_cli_certs_writes_and_prints_paths(tmp_path, capsys):
