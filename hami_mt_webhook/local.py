@@ -100,8 +100,8 @@ class LocalWebhook:
                 "--metrics-port", str(self.metrics_port), "--cert-file", str(self.certs.tls_cert),
                 "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]
 
-    def start(self, timeout: float = 60.0) -> None:
-        """Start the process and wait until /readyz says the node index is synced."""
+    def start(self, timeout: float = 60.0, wait_ready: bool = True) -> None:
+        """Start the process and wait until /readyz says the node index is synced (or only /livez)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -110,15 +110,21 @@ class LocalWebhook:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the webhook exited with {self.proc.returncode}:\n{self.tail()}")
-            if self.ready():
+            if self.ready() if wait_ready else self.live():
                 return
             time.sleep(0.2)
         self.stop()
         raise RuntimeError(f"the webhook was not ready after {timeout:.0f} s:\n{self.tail()}")
 
     def ready(self) -> bool:
+        return self._probe("readyz")
+
+    def live(self) -> bool:
+        return self._probe("livez")
+
+    def _probe(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=1) as r:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/{path}", timeout=1) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False

@@ -1,0 +1,47 @@
+"""Log lines: one per denial and per mutation, none for allowed no-ops; JSON that never breaks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import ssl
+
+import aiohttp
+from helpers import MEMORY, VGPU, WHOLE, container, make_pod, review_body
+
+from hami_mt_webhook.logs import JsonLines
+
+
+async def post(url: str, ca_path, body: dict) -> dict:
+    ctx = ssl.create_default_context(cafile=str(ca_path))
+    async with aiohttp.ClientSession() as session, session.post(f"{url}/mutate-pods", json=body, ssl=ctx) as r:
+        return await r.json()
+
+
+async def test_one_line_per_denial_and_mutation_and_none_for_no_ops(webhook_server, caplog):
+    url, ca_path, _ = webhook_server
+    with caplog.at_level(logging.INFO, logger="hami_mt_webhook"):
+        await post(url, ca_path, review_body(make_pod(container(limits={"cpu": "1"}))))  # no-op
+        await post(url, ca_path, review_body(make_pod(container(limits={WHOLE: 1}))))  # no-op
+        await post(url, ca_path, review_body(make_pod(container(limits={VGPU: 1, MEMORY: 20}), name="snapped")))
+        await post(url, ca_path, review_body(make_pod(container("bad", limits={WHOLE: 1, VGPU: 1}), name="mixed")))
+    lines = [r for r in caplog.records if r.name == "hami_mt_webhook"]
+    assert [r.getMessage().split(":")[0] for r in lines] == ["mutated", "denied"]
+    mutated, denied = lines
+    assert mutated.pod == "snapped" and "snap" in mutated.getMessage() and mutated.warnings
+    assert denied.pod == "mixed" and denied.reason == "mixing" and 'container "bad"' in denied.getMessage()
+
+
+def test_json_lines_keep_known_fields_and_survive_odd_records():
+    formatter = JsonLines()
+    record = logging.LogRecord("hami_mt_webhook", logging.INFO, __file__, 1, "denied: %s", ("x",), None)
+    record.__dict__.update(pod="p", reason="mixing", settings=object())  # foreign extras are left out
+    out = json.loads(formatter.format(record))
+    assert out["message"] == "denied: x" and out["pod"] == "p" and out["reason"] == "mixing"
+    assert "settings" not in out
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+        record = logging.LogRecord("kopf", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
+    assert "ValueError: boom" in json.loads(formatter.format(record))["exception"]
