@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 Path = tuple[str | int, ...]
 
 
+@lru_cache(maxsize=1024)
 def pointer(path: Path) -> str:
     """RFC 6901 pointer: `~` becomes `~0` and `/` becomes `~1` (so `mthreads.com~1vgpu`)."""
     return "".join("/" + str(p).replace("~", "~0").replace("/", "~1") for p in path)

@@ -22,24 +22,32 @@ class QuantityError(ValueError):
 
 def whole(value: object) -> int:
     """Read a Kubernetes quantity that must be a whole number ("32", "32.0" and "2k" are; "1.5" is not)."""
+    if isinstance(value, str):
+        return _whole_text(value)
     if isinstance(value, bool) or value is None:
         raise QuantityError(value, "not a quantity")
     if isinstance(value, int):
-        number = Decimal(value)
-    elif isinstance(value, float):
+        return _checked(value, Decimal(value))
+    if isinstance(value, float):
         if value != value or value in (float("inf"), float("-inf")):
             raise QuantityError(value, "not a quantity")
-        number = Decimal(repr(value))
-    elif isinstance(value, str):
-        text = value
-        if not text or len(text) > 64 or text != text.strip():
-            raise QuantityError(value, "not a quantity")
-        try:
-            number = parse_quantity(text)
-        except (ValueError, InvalidOperation, ArithmeticError):
-            raise QuantityError(value, "not a quantity") from None
-    else:
-        raise QuantityError(value, "not a quantity")
+        return _checked(value, Decimal(repr(value)))
+    raise QuantityError(value, "not a quantity")
+
+
+@lru_cache(maxsize=1024)
+def _whole_text(text: str) -> int:
+    """Cached: the same few quantity strings arrive on every review (errors are not cached)."""
+    if not text or len(text) > 64 or text != text.strip():
+        raise QuantityError(text, "not a quantity")
+    try:
+        number = parse_quantity(text)
+    except (ValueError, InvalidOperation, ArithmeticError):
+        raise QuantityError(text, "not a quantity") from None
+    return _checked(text, number)
+
+
+def _checked(value: object, number: Decimal) -> int:
     if not number.is_finite():
         raise QuantityError(value, "not a quantity")
     if abs(number) > MAX_QUANTITY:
