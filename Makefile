@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-e2e lint bench controlplane certs clean
+.PHONY: setup run test test-unit test-e2e lint bench wrk controlplane certs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,8 +31,19 @@ test-e2e: setup controlplane
 test: lint controlplane  ## everything: lint, unit and e2e tiers
 	$(PY) -m pytest -q
 
-bench: setup controlplane
-	$(PY) -m hami_mt_webhook.bench
+BENCH_ARGS ?=
+
+wrk:  ## the load generator of `make bench` (Debian package wrk; installed when root with apt-get)
+	@command -v wrk >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y wrk || { apt-get update && apt-get install -y wrk; }; \
+	  else \
+	    echo "wrk is missing and cannot be installed here (needs root and apt-get);" \
+	         "the benchmark falls back to its built-in Python load generator" >&2; \
+	  fi; }
+
+bench: setup controlplane wrk  ## figures, not a test: make bench BENCH_ARGS="--quick" or "--write docs/PERFORMANCE.md"
+	$(PY) -m hami_mt_webhook.bench $(BENCH_ARGS)
 
 certs: setup
 	$(VENV)/bin/hami-mt-webhook certs --dir certs

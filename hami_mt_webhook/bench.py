@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import cProfile
+import dataclasses
 import datetime as dt
 import functools
 import gc
@@ -57,6 +58,7 @@ import orjson
 from . import certs, review, rules
 from .capacity import ClusterView
 from .config import CORES_PER_CARD, Config
+from .listener import Limits
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PARTS = ("http", "inprocess", "index", "apiserver")
@@ -211,7 +213,7 @@ def percentile(sorted_values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile of already sorted values (NaN when empty)."""
     if not sorted_values:
         return math.nan
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
+    rank = max(1, math.ceil(q * len(sorted_values) / 100 - 1e-9))  # 99.9 * 1000 / 100 is 999.0000000000001
     return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
@@ -289,27 +291,31 @@ class Pinning:
     def detect(cls) -> Pinning:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         if not shutil.which("taskset"):
-            return cls([], [], "not pinned: `taskset` is missing, so servers and load generator share the CPUs")
+            return cls([], [], "Not pinned: `taskset` is missing, so servers and load generator share the CPUs")
         if len(cpus) < 2:
-            return cls([], [], f"not pinned: only {len(cpus)} CPU available, so server and load generator share it")
+            return cls([], [], f"Not pinned: only {len(cpus)} CPU available, so server and load generator share it")
         a, b = cpus[0], cpus[1]
         return cls(["taskset", "-c", str(a)], ["taskset", "-c", str(b)],
-                   f"servers pinned to CPU {a}, load generator to CPU {b} (`taskset -c`)")
+                   f"Servers pinned to CPU {a}, load generator to CPU {b} (`taskset -c`)")
 
 
 class Server:
     """One benchmark server (`_serve webhook|baseline`) in its own pinned process."""
 
     def __init__(self, kind: str, layout: certs.Layout, workdir: Path, pin: list[str], s5000: int, s4000: int,
-                 log_level: str) -> None:
+                 log_level: str, profile: Path | None = None) -> None:
         self.kind, self.port = kind, free_port()
-        self.log = workdir / f"{kind}.log"
+        self.log = workdir / f"{kind}{'-profiled' if profile else ''}.log"
         cmd = [*pin, sys.executable, "-m", "hami_mt_webhook.bench", "_serve", kind, "--port", str(self.port),
                "--cert", str(layout.tls_cert), "--key", str(layout.tls_key), "--s5000", str(s5000),
                "--s4000", str(s4000), "--log-level", log_level]
+        if profile:
+            cmd += ["--profile", str(profile)]
+        from .controlplane import _die_with_parent  # a killed benchmark must not leave listeners behind
+
         with open(self.log, "wb") as err:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
-                                         cwd=REPO_ROOT)
+                                         cwd=REPO_ROOT, preexec_fn=_die_with_parent())
         self._wait_ready(60.0)
 
     @property
@@ -499,11 +505,13 @@ def part_http(opts: argparse.Namespace, workdir: Path) -> Section:
     script.write_text(wrk_script(payloads))
     payload_file = workdir / "mix.json"
     payload_file.write_bytes(orjson.dumps([p.decode() for p in payloads]))
+    why = "wrk was not found" if opts.load_generator == "auto" else "`--load-generator python` was given"
     tool_note = ("wrk 1 thread (`-t1`), closed loop, the 5 bodies in turn through a Lua `request()`; "
                  "p50/p99 from `--latency`, p99.9 and max from the script's `done()`") if use_wrk else \
-        ("**wrk was not found**, so the built-in asyncio/aiohttp client (one process) generated the load; "
-         "it is much slower than wrk, so the figures show the client's limit as much as the servers'")
-    print(f"[http] load generator: {'wrk' if use_wrk else 'python (wrk not found)'}; {pin.note}", flush=True)
+        (f"**{why}**, so the built-in asyncio/aiohttp client (one process, keep-alive connections in a closed "
+         "loop) generated the load; it is much slower than wrk, so the figures show the client's limit as much "
+         "as the servers'")
+    print(f"[http] load generator: {'wrk' if use_wrk else f'python ({why})'}; {pin.note}", flush=True)
 
     servers: dict[str, Server] = {}
     results: list[Load] = []
@@ -535,6 +543,20 @@ def part_http(opts: argparse.Namespace, workdir: Path) -> Section:
                 print(f"[http] {kind:8} c={connections:<3} {load.rps:9,.0f} reviews/s  p50 {load.p50:6.2f} ms  "
                       f"p99 {load.p99:6.2f} ms  p99.9 {load.p999:6.2f} ms  errors {load.errors}", flush=True)
         rss = {kind: s.peak_rss_mib() for kind, s in servers.items()}
+        for s in servers.values():
+            s.stop()
+        if opts.profile:  # a separate run: cProfile slows the server, so it never touches the figures above
+            stats = workdir / "webhook.pstats"
+            profiled = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level, stats)
+            try:
+                measure_url = profiled.url
+                if use_wrk:
+                    run_wrk(measure_url, script, 16, opts.duration, pin.load, "webhook")
+                else:
+                    run_python_load(measure_url, payload_file, layout.ca_cert, 16, opts.duration, pin.load, "webhook")
+            finally:
+                profiled.stop()
+            profile_text = stats_lines(stats, "tottime", 30)
     finally:
         for s in servers.values():
             s.stop()
@@ -544,9 +566,10 @@ def part_http(opts: argparse.Namespace, workdir: Path) -> Section:
     sec.lines += [
         f"Cluster in the webhook's view: {opts.s5000} S5000 nodes (8 cards of 160) and {opts.s4000} S4000 nodes "
         f"(1 card of 96), 11 labels each. Both servers: {'uvloop' if _has_uvloop() else 'asyncio'}, TLS from "
-        "`server.tls_context` (TLS 1.3, ECDHE + AES-GCM), HTTP/1.1 keep-alive, no access log; the webhook "
-        f"logs at `{opts.log_level}` (JSON lines to a file, as `serve` does to stderr), the baseline reads the "
-        "body and returns a constant allowed AdmissionReview.",
+        "`server.tls_context` (TLS 1.3, ECDHE + AES-GCM), HTTP/1.1 keep-alive, no access log, one process. The "
+        "webhook is `server.AdmissionServer` as `serve` runs it (its listener with the default limits, metrics, "
+        f"`review.handle`), logging at `{opts.log_level}` (JSON lines to a file, as `serve` does to stderr); the "
+        "baseline is a plain aiohttp `TCPSite` that reads the body and returns a constant allowed AdmissionReview.",
         "",
         f"Load: {tool_note}. {pin.note}. {opts.duration:g} s per point, after a 1 s warm-up per server; "
         "webhook and baseline points interleaved.",
@@ -578,6 +601,10 @@ def part_http(opts: argparse.Namespace, workdir: Path) -> Section:
         f"Peak RSS (VmHWM): webhook {fmt(rss.get('webhook'), 1)} MiB, baseline {fmt(rss.get('baseline'), 1)} MiB. "
         f"The webhook wrote {log_bytes / total:.0f} bytes of log per review.",
     ]
+    if opts.profile:
+        sec.lines += ["", "cProfile of the webhook server process under 16 connections for "
+                      f"{opts.duration:g} s (a separate run; profiling slows it), top 30 by own time:", "",
+                      "```", *profile_text, "```"]
     if ratio_rows:
         top = max(opts.connections)
         w, b = by[("webhook", top)], by[("baseline", top)]
@@ -590,7 +617,7 @@ def part_http(opts: argparse.Namespace, workdir: Path) -> Section:
         if one:
             sec.reading.append(f"One connection at a time sees p50 {one.p50:.2f} ms, p99 {one.p99:.2f} ms.")
     if not use_wrk:
-        sec.reading.append("wrk was missing: part 1 used the Python load generator, which limits the rates shown.")
+        sec.reading.append(f"Part 1 used the Python load generator ({why}), which limits the rates shown.")
     return sec
 
 
@@ -618,7 +645,8 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
         state = server.State(CONFIG, ClusterView.from_nodes(cluster(s5000, s4000), CONFIG))
         state.metrics.ready.set(1)
         srv = server.AdmissionServer(state, addr="127.0.0.1", port=port, certfile=cert, pkeyfile=key,
-                                     reload_interval=3600.0, shutdown_timeout=1.0)
+                                     reload_interval=3600.0,
+                                     limits=dataclasses.replace(Limits(), drain_seconds=0.2, shutdown_timeout=1.0))
         gen = srv(None)
         await gen.__anext__()
         print("ready", flush=True)
@@ -635,7 +663,7 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
         await request.read()
         return aiohttp.web.Response(body=constant, content_type="application/json")
 
-    app = aiohttp.web.Application(client_max_size=server.MAX_BODY)
+    app = aiohttp.web.Application(client_max_size=Limits().max_body)
     app.router.add_post("/{id}", answer)
     runner = aiohttp.web.AppRunner(app, access_log=None, keepalive_timeout=75, shutdown_timeout=1.0)
     await runner.setup()
@@ -666,8 +694,15 @@ def internal(argv: list[str]) -> int:
         p.add_argument("--s5000", type=int, default=200)
         p.add_argument("--s4000", type=int, default=100)
         p.add_argument("--log-level", default="info")
+        p.add_argument("--profile", help="run under cProfile and write the stats here on SIGTERM")
         a = p.parse_args(argv[1:])
+        prof = cProfile.Profile() if a.profile else None
+        if prof:
+            prof.enable()
         _run(serve(a.kind, a.port, a.cert, a.key, a.s5000, a.s4000, a.log_level))
+        if prof:
+            prof.disable()
+            prof.dump_stats(a.profile)
         return 0
     p.add_argument("--url", required=True)
     p.add_argument("--bodies", required=True)
@@ -699,6 +734,7 @@ def part_inprocess(opts: argparse.Namespace) -> Section:
     handler.setFormatter(logs.JsonLines())
     rows = []
     totals = {"handle": 0.0, "mutate": 0.0, "validate": 0.0, "server": 0.0}
+    costs: dict[str, float] = {}
     try:
         root.handlers[:] = [handler]
         root.setLevel(logging.INFO)
@@ -725,6 +761,7 @@ def part_inprocess(opts: argparse.Namespace) -> Section:
             rows.append((kind, f"{len(body):,}", seen, fmt(t_handle * 1e6, 1), fmt(t_mutate * 1e6, 1),
                          fmt((t_handle - t_mutate) * 1e6, 1), fmt(t_validate * 1e6, 1), fmt(t_metrics * 1e6, 1),
                          fmt(t_log * 1e6, 1)))
+            costs[kind] = t_handle
             totals["handle"] += t_handle
             totals["mutate"] += t_mutate
             totals["validate"] += 0 if math.isnan(t_validate) else t_validate
@@ -754,9 +791,11 @@ def part_inprocess(opts: argparse.Namespace) -> Section:
         f"One core running only `review.handle` would answer about {1 / mean['handle']:,.0f} mutating reviews/s "
         "of this mix.",
     ]
+    dearest = max(costs, key=costs.__getitem__)
     sec.reading.append(
         f"In process, a review of the mix costs {mean['handle'] * 1e6:.0f} µs in `review.handle` "
-        f"(`rules.mutate` alone {mean['mutate'] * 1e6:.0f} µs); the metrics and the INFO log line around it add "
+        f"(`rules.mutate` alone {mean['mutate'] * 1e6:.0f} µs; the dearest, {dearest}, "
+        f"{costs[dearest] * 1e6:.0f} µs); the metrics and the INFO log line around it add "
         f"{mean['server'] * 1e6:.0f} µs.")
     if opts.profile:
         sec.lines += ["", *profile_lines(view)]
@@ -772,14 +811,20 @@ def profile_lines(view: ClusterView, rounds: int = 3000, top: int = 25) -> list[
         for body in payloads:
             review.handle(body, "mutate-pods", view, CONFIG)
     prof.disable()
+    text = stats_lines(prof, "cumulative", top)
+    return [f"cProfile of `review.handle` over the mix ({rounds:,} rounds of 5 reviews), top {top} by cumulative "
+            "time (profiling overhead inflates small functions):", "", "```", *text, "```"]
+
+
+def stats_lines(source: cProfile.Profile | Path, sort: str, top: int) -> list[str]:
+    """The pstats table (header and rows), printed as it is returned."""
     out = io.StringIO()
-    stats = pstats.Stats(prof, stream=out)
-    stats.strip_dirs().sort_stats("cumulative").print_stats(top)
+    stats = pstats.Stats(str(source) if isinstance(source, Path) else source, stream=out)
+    stats.strip_dirs().sort_stats(sort).print_stats(top)
     text = out.getvalue().strip().splitlines()
     start = next((i for i, line in enumerate(text) if "ncalls" in line), 0)
     print("\n".join(text[start:]), flush=True)
-    return [f"cProfile of `review.handle` over the mix ({rounds:,} rounds of 5 reviews), top {top} by cumulative "
-            "time (profiling overhead inflates small functions):", "", "```", *text[start:], "```"]
+    return text[start:]
 
 
 # --- part 3: the node index ---------------------------------------------------------------------------
@@ -807,8 +852,8 @@ def part_index(opts: argparse.Namespace) -> Section:
         gc.collect()
         tracemalloc.start()
         try:
-            parsed = orjson.loads(raw)  # fresh objects, so the label strings the view keeps are counted
             base = tracemalloc.get_traced_memory()[0]
+            parsed = orjson.loads(raw)  # fresh objects, so the label strings the view keeps are counted
             view = ClusterView.from_nodes(parsed, CONFIG)
             del parsed
             gc.collect()
@@ -940,7 +985,8 @@ def part_apiserver(opts: argparse.Namespace, workdir: Path) -> Section:
             result = asyncio.run(_drive_pods(cp, hook, opts))
         finally:
             hook.stop()
-    mutate, validate, own, client, statuses, bounds = result
+    mutate, validate, own, client, statuses, bounds = (result.mutate, result.validate, result.own, result.client,
+                                                       result.statuses, result.bounds)
     rows = []
     for label, h in (("mutating (" + mutate[0] + ")", mutate[1]), ("validating (" + validate[0] + ")", validate[1])):
         rows.append((f"API server: {label}", f"{h.count:,.0f}", fmt(h.quantile(0.5) * 1e3), fmt(h.quantile(0.99) * 1e3),
@@ -1006,7 +1052,17 @@ async def _create_nodes(cp: Any, nodes: list[dict[str, Any]]) -> None:
         await asyncio.gather(*(one(n) for n in nodes))
 
 
-async def _drive_pods(cp: Any, hook: Any, opts: argparse.Namespace) -> Any:
+@dataclass
+class ApiResult:
+    mutate: tuple[str, Histogram]  # webhook name, histogram of the run
+    validate: tuple[str, Histogram]
+    own: dict[str, Histogram]  # the webhook's own review-duration histogram, by handler
+    client: list[float]  # sorted pod-create round trips, ms
+    statuses: dict[int, int]
+    bounds: list[float]  # the API server's finite bucket bounds, s
+
+
+async def _drive_pods(cp: Any, hook: Any, opts: argparse.Namespace) -> ApiResult:
     import aiohttp
 
     ns = f"bench-{secrets.token_hex(4)}"
@@ -1060,13 +1116,13 @@ async def _drive_pods(cp: Any, hook: Any, opts: argparse.Namespace) -> Any:
     own_metric = "hami_mt_webhook_review_duration_seconds"
     oa, ob = histograms(own_after, own_metric, ["webhook"]), histograms(own_before, own_metric, ["webhook"])
     own = {k[0]: h.minus(ob.get(k, Histogram())) for k, h in sorted(oa.items())}
-    return mutate, validate, own, sorted(client), statuses, bounds
+    return ApiResult(mutate, validate, own, sorted(client), statuses, bounds)
 
 
 # --- the report ---------------------------------------------------------------------------------------
 
 
-def machine() -> list[str]:
+def machine(load_start: str) -> list[str]:
     model = "unknown"
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -1079,7 +1135,8 @@ def machine() -> list[str]:
         mem = f", {kib / 1024 / 1024:.1f} GiB memory"
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return [f"- CPU: {model}; nproc {usable} (of {os.cpu_count()} online){mem}",
-            f"- Kernel: {platform.system()} {platform.release()}; load average at start: {loadavg()}"]
+            f"- Kernel: {platform.system()} {platform.release()}; load average (1, 5, 15 min) at the start: "
+            f"{load_start}"]
 
 
 def versions() -> list[str]:
@@ -1106,7 +1163,7 @@ def versions() -> list[str]:
 
 
 def document(argv: Sequence[str], sections: list[Section], opts: argparse.Namespace, started: dt.datetime,
-             load_end: str) -> str:
+             load_start: str, load_end: str) -> str:
     command = shlex.join(["python", "-m", "hami_mt_webhook.bench", *argv])
     reading = [f"- {line}" for s in sections for line in s.reading]
     quick = ["", "**Quick run** (`--quick`, 2 s per point): a check that the harness works, not figures to quote."] \
@@ -1124,7 +1181,7 @@ def document(argv: Sequence[str], sections: list[Section], opts: argparse.Namesp
         "",
         f"Run {started:%Y-%m-%d %H:%M} UTC.",
         "",
-        *machine(),
+        *machine(load_start),
         f"- Load average at the end: {load_end}",
         *versions(),
         "",
@@ -1158,7 +1215,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--index-sizes", type=ints, default=[100, 1000, 10000], help="part 3 node counts [100,1000,10000]")
     p.add_argument("--pods", type=int, default=None, help="pods created in part 4 [200; --quick: 60]")
     p.add_argument("--rate", type=float, default=20.0, help="pods per second in part 4 [20]")
-    p.add_argument("--profile", action="store_true", help="add a cProfile of review.handle over the mix to part 2")
+    p.add_argument("--profile", action="store_true",
+                   help="add cProfiles: of review.handle over the mix (part 2) and of the server under load (part 1)")
     p.add_argument("--write", type=Path, metavar="FILE", help="also write the report as Markdown (docs/PERFORMANCE.md)")
     opts = p.parse_args(argv)
     names = {str(i + 1): name for i, name in enumerate(PARTS)}
@@ -1183,8 +1241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv and argv[0] in ("_serve", "_load"):
         return internal(argv)
     opts = parse_args(argv)
-    started = dt.datetime.now(dt.UTC)
-    print(f"hami-mt-webhook benchmark: parts {', '.join(opts.parts)}; load average {loadavg()}", flush=True)
+    started, load_start = dt.datetime.now(dt.UTC), loadavg()
+    print(f"hami-mt-webhook benchmark: parts {', '.join(opts.parts)}; load average {load_start}", flush=True)
     sections: list[Section] = []
     with tempfile.TemporaryDirectory(prefix="hami-mt-bench-") as tmp:
         workdir = Path(tmp)
@@ -1199,7 +1257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sec = part_apiserver(opts, workdir / "controlplane")
             sections.append(sec)
             print("\n" + sec.markdown(), flush=True)
-    text = document(argv, sections, opts, started, loadavg())
+    text = document(argv, sections, opts, started, load_start, loadavg())
     if opts.write:
         opts.write.parent.mkdir(parents=True, exist_ok=True)
         opts.write.write_text(text + "\n")

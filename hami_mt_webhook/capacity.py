@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from .config import CORES_PER_CARD, Config
 from .quantities import QuantityError, whole
 
@@ -75,6 +77,7 @@ class ClusterView:
         self._nodes: dict[str, NodeReport] = {}
         self._shapes: Counter[tuple[int, int]] = Counter()  # (per_card, cards) -> nodes
         self._summary: Candidates | None = None
+        self._placed: dict[str, Candidates] = {}  # by placement constraint; cleared when a node changes
         self.ready = ready
         for node in nodes:
             self.upsert(node)
@@ -99,12 +102,14 @@ class ClusterView:
         self._nodes[node.name] = node
         self._shapes[(node.per_card, node.cards)] += 1
         self._summary = None
+        self._placed.clear()
 
     def remove(self, name: str) -> None:
         old = self._nodes.pop(name, None)
         if old is not None:
             self._drop_shape(old)
             self._summary = None
+            self._placed.clear()
 
     def _drop_shape(self, node: NodeReport) -> None:
         shape = (node.per_card, node.cards)
@@ -118,7 +123,23 @@ class ClusterView:
         terms = _required_terms(pod_spec)
         if not selector and terms is None:
             return self._all(config)
-        matched = [n for n in self._nodes.values() if _matches(n, selector, terms)]
+        # Pods of one workload share their constraints: remember the answer until a node changes.
+        key = _constraint_key(selector, terms)
+        found = self._placed.get(key) if key is not None else None
+        if found is None:
+            found = self._scan(selector, terms, config)
+            if key is not None:
+                if len(self._placed) >= MAX_CACHED_CONSTRAINTS:
+                    self._placed.clear()
+                self._placed[key] = found
+        return found
+
+    def _scan(self, selector: Any, terms: list[Mapping[str, Any]] | None, config: Config) -> Candidates:
+        if terms is None and isinstance(selector, dict) and all(isinstance(v, str) for v in selector.values()):
+            wanted = selector.items()  # a plain nodeSelector: a sub-dict test, in C
+            matched = [n for n in self._nodes.values() if wanted <= n.labels.items()]
+        else:
+            matched = [n for n in self._nodes.values() if _matches(n, selector, terms)]
         if not matched:
             return _fallback(config)
         return Candidates(frozenset(n.per_card for n in matched), max(n.cards for n in matched), True)
@@ -130,6 +151,18 @@ class ClusterView:
             self._summary = Candidates(
                 frozenset(c for c, _ in self._shapes), max(n for _, n in self._shapes), True)
         return self._summary
+
+
+#: Distinct placement constraints remembered at once; past this the memory starts over.
+MAX_CACHED_CONSTRAINTS = 4096
+
+
+def _constraint_key(selector: Any, terms: Any) -> str | None:
+    """A canonical text of the pod's placement constraints, or None when they cannot be keyed."""
+    try:
+        return orjson.dumps([selector, terms], option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return None
 
 
 def _fallback(config: Config) -> Candidates:

@@ -93,3 +93,21 @@ def test_updates_and_removals_keep_the_summary_right():
 def test_from_nodes_skips_non_sliced_nodes():
     view = ClusterView.from_nodes([node("a", "16", "96"), node("b"), node("c", "128", "1280")], CFG)
     assert sorted(n.name for n in view) == ["a", "c"]
+
+
+def test_answers_for_a_constraint_are_remembered_until_a_node_changes():
+    view = ClusterView([S4, S5])
+    spec = {"nodeSelector": {"model": "s4000"}}
+    first = view.candidates(spec, CFG)
+    assert view.candidates({"nodeSelector": {"model": "s4000"}}, CFG) is first  # same constraint, same answer
+    view.upsert(S4)  # unchanged report: nothing to forget
+    assert view.candidates(spec, CFG) is first
+    view.upsert(NodeReport("c", {"model": "s4000"}, 2, 128))
+    assert view.candidates(spec, CFG).capacities == frozenset({96, 128})
+    view.remove("c")
+    assert view.candidates(spec, CFG).capacities == frozenset({96})
+
+
+@pytest.mark.parametrize("selector", [{"model": ["s4000"]}, {"model": None}, {1: "x"}, {"model": {"a": 1}}])
+def test_odd_selectors_match_nothing_and_never_raise(selector):
+    assert ClusterView([S4, S5]).candidates({"nodeSelector": selector}, CFG).from_nodes is False
