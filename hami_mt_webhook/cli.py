@@ -47,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the admission webhook (needs a cluster: kubeconfig or in-cluster)",
-                           description="Serve the mutating (/mutate-pods) and validating (/validate-pods) webhooks "
-                                       "over HTTPS, with a Node watch for per-card capacities.")
+                           description="Serve the mutating (/mutate-pods) and validating (/validate-pods) pod "
+                                       "webhooks and the workload template check (/validate-workloads) over HTTPS, "
+                                       "with a Node watch for per-card capacities.")
     serve.add_argument("--listen", default=_env("HAMI_MT_LISTEN", "0.0.0.0"),
                        help="address for the webhook listener [HAMI_MT_LISTEN; 0.0.0.0]")
     serve.add_argument("--port", type=int, default=_env("HAMI_MT_PORT", "8443"),
@@ -77,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="[HAMI_MT_LOG_FORMAT; json]")
     _config_flags(serve)
 
-    rv = sub.add_parser("review", help="check pods offline, as the API server would with both webhooks",
-                        description="Run the mutating and then the validating rules on pods from files. Exit 0: "
-                                    "all allowed; 1: any denied; 2: bad input.")
+    rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
+                        description="Run the mutating and then the validating rules on pods from files, and on the "
+                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and "
+                                    "CronJobs. Exit 0: all allowed; 1: any denied; 2: bad input.")
     rv.add_argument("-f", "--filename", action="append", required=True, dest="files",
                     help="YAML or JSON file (several documents allowed; - for stdin); repeatable")
     rv.add_argument("--nodes", action="append", default=[],

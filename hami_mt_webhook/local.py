@@ -174,8 +174,8 @@ hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
 
   export KUBECONFIG={cp.kubeconfig}
   alias kubectl={kubectl}
-  kubectl get nodes -o custom-columns=NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,\
-MEMORY:.status.capacity.mthreads\\.com/sgpu-memory
+  kubectl get nodes -o 'custom-columns=NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,\
+MEMORY:.status.capacity.mthreads\\.com/sgpu-memory'
   kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
   kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
 

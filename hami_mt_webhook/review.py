@@ -79,14 +79,19 @@ def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) 
     obj = request.get("object")
     if obj is None:
         return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
-    kind = request.get("kind")
-    name = kind.get("kind") if isinstance(kind, dict) else None
-    if name is None and isinstance(obj, dict):
-        name = obj.get("kind")
-    if name not in workloads.TEMPLATES:
+    kind = _kind(request)
+    if kind not in workloads.TEMPLATES:
         return Decision()
     old = request.get("oldObject") if operation == "UPDATE" else None
-    return workloads.check(obj, name, view, config, old=old)
+    return workloads.check(obj, kind, view, config, old=old)
+
+
+def _kind(request: dict[str, Any]) -> Any:
+    """The request's kind, else its object's (hand-written reviews often leave `request.kind` out)."""
+    kind = request.get("kind")
+    name = kind.get("kind") if isinstance(kind, dict) else None
+    obj = request.get("object")
+    return obj.get("kind") if name is None and isinstance(obj, dict) else name
 
 
 def _pods(rule: Rule) -> Handler:
@@ -150,8 +155,7 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> t
     """The server's answer to an AdmissionReview: for a pod both webhooks (the mutating answer, or the
     validating denial of its result); for a workload, validate-workloads."""
     request, uid = request_of(review)
-    kind = request.get("kind")
-    if isinstance(kind, dict) and kind.get("kind") in workloads.TEMPLATES:
+    if _kind(request) in workloads.TEMPLATES:
         decision = decide_workload(request, view, config)
         return respond(uid, decision, review.get("apiVersion")), decision
     mutated = decide(request, rules.mutate, view, config)

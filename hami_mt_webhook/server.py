@@ -173,7 +173,8 @@ def _log(webhook: str, request: dict[str, Any], decision: Any) -> None:
     obj = request.get("object") if isinstance(request.get("object"), dict) else {}
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     extra = {"webhook": webhook, "namespace": request.get("namespace") or meta.get("namespace"),
-             "pod": meta.get("name") or meta.get("generateName"), "uid": request.get("uid"),
+             "kind": (request.get("kind") or {}).get("kind") if isinstance(request.get("kind"), dict) else None,
+             "name": meta.get("name") or meta.get("generateName"), "uid": request.get("uid"),
              "dry_run": bool(request.get("dryRun"))}
     if not decision.allowed:
         logger.info("denied: %s", decision.message, extra={**extra, "reason": decision.reason})
