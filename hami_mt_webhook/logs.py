@@ -7,7 +7,7 @@ import logging
 import sys
 
 #: Extra fields the webhook's own log lines carry (see server._log).
-FIELDS = ("webhook", "kind", "namespace", "name", "uid", "dry_run", "reason", "warnings")
+FIELDS = ("webhook", "kind", "namespace", "object", "uid", "dry_run", "reason", "warnings")
 
 
 class JsonLines(logging.Formatter):

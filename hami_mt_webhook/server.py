@@ -161,7 +161,10 @@ class AdmissionServer(kopf.WebhookServer):
         state.metrics.review(label, reply.request, reply.decision, time.perf_counter() - started)
         decision = reply.decision
         if decision is not None and (decision.patch or not decision.allowed) and logger.isEnabledFor(logging.INFO):
-            _log(webhook, reply.request or {}, decision)
+            try:
+                _log(webhook, reply.request or {}, decision)
+            except Exception:  # a log line must never cost an answer
+                logger.exception("could not log a review on /%s", webhook)
         response = aiohttp.web.Response(status=reply.status, body=reply.body, content_type="application/json")
         if self.listener is not None and self.listener.draining:
             response.force_close()  # Connection: close, so the client does not reuse a closing connection
@@ -174,7 +177,7 @@ def _log(webhook: str, request: dict[str, Any], decision: Any) -> None:
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
     extra = {"webhook": webhook, "namespace": request.get("namespace") or meta.get("namespace"),
              "kind": (request.get("kind") or {}).get("kind") if isinstance(request.get("kind"), dict) else None,
-             "name": meta.get("name") or meta.get("generateName"), "uid": request.get("uid"),
+             "object": meta.get("name") or meta.get("generateName"), "uid": request.get("uid"),
              "dry_run": bool(request.get("dryRun"))}
     if not decision.allowed:
         logger.info("denied: %s", decision.message, extra={**extra, "reason": decision.reason})

@@ -28,16 +28,16 @@ async def test_one_line_per_denial_and_mutation_and_none_for_no_ops(webhook_serv
     lines = [r for r in caplog.records if r.name == "hami_mt_webhook"]
     assert [r.getMessage().split(":")[0] for r in lines] == ["mutated", "denied"]
     mutated, denied = lines
-    assert mutated.name == "snapped" and mutated.kind == "Pod" and "snap" in mutated.getMessage() and mutated.warnings
-    assert denied.name == "mixed" and denied.reason == "mixing" and 'container "bad"' in denied.getMessage()
+    assert mutated.object == "snapped" and mutated.kind == "Pod" and "snap" in mutated.getMessage() and mutated.warnings
+    assert denied.object == "mixed" and denied.reason == "mixing" and 'container "bad"' in denied.getMessage()
 
 
 def test_json_lines_keep_known_fields_and_survive_odd_records():
     formatter = JsonLines()
     record = logging.LogRecord("hami_mt_webhook", logging.INFO, __file__, 1, "denied: %s", ("x",), None)
-    record.__dict__.update(name="p", reason="mixing", settings=object())  # foreign extras are left out
+    record.__dict__.update(object="p", reason="mixing", settings=object())  # foreign extras are left out
     out = json.loads(formatter.format(record))
-    assert out["message"] == "denied: x" and out["name"] == "p" and out["reason"] == "mixing"
+    assert out["message"] == "denied: x" and out["object"] == "p" and out["reason"] == "mixing"
     assert "settings" not in out
     try:
         raise ValueError("boom")
