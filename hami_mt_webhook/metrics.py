@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from .decision import Decision
+
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
 
 class Metrics:
@@ -12,6 +16,7 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[Any, ...], Any] = {}
         r = self.registry
         self.reviews = Counter("hami_mt_webhook_reviews", "Admission reviews answered.",
                                ["webhook", "operation", "dry_run", "result"], registry=r)
@@ -32,19 +37,29 @@ class Metrics:
         self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads",
                                     "Serving certificates loaded after a change.", ["result"], registry=r)
 
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
     def review(self, webhook: str, request: dict | None, decision: Decision | None, seconds: float) -> None:
         if decision is None:
-            self.bad_requests.labels(webhook).inc()
+            self._child(self.bad_requests, webhook).inc()
             return
-        operation = str(request.get("operation", "")) if request else ""
-        dry = "true" if request and request.get("dryRun") else "false"
+        operation = request.get("operation") if request else None
+        if operation not in OPERATIONS:  # label values from a request must not grow the series without bound
+            operation = "other"
+        dry = "true" if request and request.get("dryRun") is True else "false"
         result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
-        self.reviews.labels(webhook, operation, dry, result).inc()
-        self.duration.labels(webhook).observe(seconds)
+        self._child(self.reviews, webhook, operation, dry, result).inc()
+        self._child(self.duration, webhook).observe(seconds)
         for kind in decision.mutations:
-            self.mutations.labels(kind).inc()
+            self._child(self.mutations, kind).inc()
         if not decision.allowed:
-            self.denials.labels(webhook, decision.reason or "other").inc()
+            self._child(self.denials, webhook, decision.reason or "other").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

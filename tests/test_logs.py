@@ -45,3 +45,36 @@ def test_json_lines_keep_known_fields_and_survive_odd_records():
         import sys
         record = logging.LogRecord("kopf", logging.ERROR, __file__, 1, "failed", (), sys.exc_info())
     assert "ValueError: boom" in json.loads(formatter.format(record))["exception"]
+
+
+def test_lines_are_flushed_on_a_timer_and_errors_at_once():
+    import io
+    import time
+
+    from hami_mt_webhook.logs import BatchedStreamHandler
+
+    class Counting(io.StringIO):
+        flushes = 0
+
+        def flush(self) -> None:
+            type(self).flushes += 1
+            super().flush()
+
+    stream = Counting()
+    handler = BatchedStreamHandler(stream, interval=0.05)
+    handler.setFormatter(JsonLines())
+    log = logging.getLogger("test.batched")
+    log.propagate = False
+    log.addHandler(handler)
+    try:
+        for i in range(100):
+            log.warning("line %d", i)
+        assert Counting.flushes < 5  # not one flush per line
+        time.sleep(0.2)
+        assert Counting.flushes >= 1 and stream.getvalue().count("\n") == 100
+        before = Counting.flushes
+        log.error("now")
+        assert Counting.flushes == before + 1
+    finally:
+        log.removeHandler(handler)
+        handler.close()
