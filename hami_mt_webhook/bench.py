@@ -621,6 +621,10 @@ def part_http(opts: argparse.Namespace, workdir: Path) -> Section:
     return sec
 
 
+#: Everything from this line on in the written report is kept when the benchmark writes it again.
+NOTES_MARKER = "<!-- analysis: kept across reruns -->"
+
+
 def _has_uvloop() -> bool:
     try:
         import uvloop  # noqa: F401
@@ -1260,7 +1264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = document(argv, sections, opts, started, load_start, loadavg())
     if opts.write:
         opts.write.parent.mkdir(parents=True, exist_ok=True)
-        opts.write.write_text(text + "\n")
+        kept = ""
+        if opts.write.exists():  # the hand-written analysis below the marker survives a rerun
+            old = opts.write.read_text()
+            if NOTES_MARKER in old:
+                kept = "\n" + old[old.index(NOTES_MARKER):]
+        opts.write.write_text(text + "\n" + kept)
         print(f"written to {opts.write}")
     else:
         print("## Reading\n\n" + "\n".join(f"- {line}" for s in sections for line in s.reading))
