@@ -160,7 +160,8 @@ def try_it(workdir: Path | None = None) -> int:
     def on_signal(*_: Any) -> None:
         stop["now"] = True
 
-    signal.signal(signal.SIGTERM, on_signal)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # set explicitly: a shell may start us with SIGINT ignored
+        signal.signal(sig, on_signal)
     print("starting etcd and kube-apiserver (the first run builds them) ...", flush=True)
     with ControlPlane(workdir=base) as cp:
         webhook = LocalWebhook(cp, cp.workdir)
