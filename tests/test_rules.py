@@ -6,6 +6,8 @@ import copy
 
 import jsonpatch
 import pytest
+from helpers import container as ctr
+from helpers import make_pod
 
 from hami_mt_webhook.capacity import ClusterView, NodeReport
 from hami_mt_webhook.config import Config
@@ -20,26 +22,11 @@ VIEW = ClusterView([NodeReport("s4000-node", {**S4, "kubernetes.io/hostname": "s
 EMPTY = ClusterView()
 
 
-def ctr(name: str = "main", limits: dict | None = None, requests: dict | None = None, **extra) -> dict:
-    """A container as the API server presents it: requests defaulted from limits."""
-    resources: dict = {}
-    if limits is not None:
-        resources["limits"] = dict(limits)
-    reqs = dict(limits or {})
-    reqs.update(requests or {})
-    if reqs:
-        resources["requests"] = reqs
-    return {"name": name, "image": "busybox", "resources": resources, **extra}
-
-
 def pod(*containers: dict, init: tuple[dict, ...] = (), annotations: dict | None = None, **spec) -> dict:
-    body = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ns"},
-            "spec": {"schedulerName": "default-scheduler", "containers": list(containers), **spec}}
+    """A pod as the API server presents it (requests defaulted from limits), named for the messages."""
     if init:
-        body["spec"]["initContainers"] = list(init)
-    if annotations:
-        body["metadata"]["annotations"] = annotations
-    return body
+        spec["initContainers"] = list(init)
+    return make_pod(*containers, name="p", namespace="ns", annotations=annotations, **spec)
 
 
 def limits_of(decision, index: int = 0, group: str = "containers") -> dict:
@@ -169,7 +156,7 @@ def test_requests_only_are_copied_to_limits_with_a_warning():
 
 
 def test_limits_only_get_matching_requests_silently():
-    body = pod({"name": "c", "image": "x", "resources": {"limits": {V: "1", M: "32", K: "8"}}})
+    body = make_pod(ctr("c", {V: "1", M: "32", K: "8"}), defaults=False)
     d = admitted(body)
     assert requests_of(d) == {V: "1", M: "32", K: "8"}
     assert d.warnings == []
