@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from typing import Any
 
@@ -47,3 +48,16 @@ def exists(cp: ControlPlane, ns: str, name: str) -> bool:
 def resources(obj: dict[str, Any], index: int = 0) -> tuple[dict[str, str], dict[str, str]]:
     r = obj["spec"]["containers"][index]["resources"]
     return r.get("limits", {}), r.get("requests", {})
+
+
+def metric(hook: Any, name: str, /, **labels: str) -> float:
+    """The sum of a webhook metric's series whose labels include `labels`, read from its /metrics."""
+    total = 0.0
+    for line in hook.metrics().splitlines():
+        series, _, value = line.rpartition(" ")
+        if series != name and not series.startswith(name + "{"):
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', series))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(value)
+    return total

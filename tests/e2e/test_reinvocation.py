@@ -15,7 +15,7 @@ import yaml
 
 from hami_mt_webhook import certs
 
-from .support import CORE, MEMORY, ON_S5000, VGPU, apply, pod, resources, stored
+from .support import CORE, MEMORY, ON_S5000, VGPU, apply, metric, pod, resources, stored
 
 LABEL = "e2e.hami-mt/labelled"
 
@@ -76,18 +76,13 @@ def labeler(controlplane, webhook, tmp_path: Path) -> Iterator[type[Labeler]]:
         server.shutdown()
 
 
-def _mutations(webhook) -> float:
-    total = 0.0
-    for line in webhook.metrics().splitlines():
-        if line.startswith('hami_mt_webhook_reviews_total{') and 'webhook="mutate-pods"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def test_reinvocation_keeps_the_result_correct_and_idempotent(controlplane, webhook, labeler):
     ns = "e2e-reinvoke"
     controlplane.kubectl("create", "namespace", ns)
-    before = _mutations(webhook)
+    def mutations() -> float:
+        return metric(webhook, "hami_mt_webhook_reviews_total", webhook="mutate-pods")
+
+    before = mutations()
     r = apply(controlplane, ns, pod("twice", {VGPU: 1}, labels={"e2e-reinvoke": "yes"}, nodeSelector=ON_S5000))
     assert r.returncode == 0, r.stderr
     obj = stored(controlplane, ns, "twice")
@@ -96,5 +91,5 @@ def test_reinvocation_keeps_the_result_correct_and_idempotent(controlplane, webh
     limits, requests = resources(obj)
     assert limits == requests == {VGPU: "1", MEMORY: "160", CORE: "16"}
     assert labeler.calls >= 1
-    assert _mutations(webhook) == before + 2  # called again after the labeler, and patched nothing more
+    assert mutations() == before + 2  # called again after the labeler, and patched nothing more
     assert 'result="allowed"' in webhook.metrics()  # the second call was an allowed no-op

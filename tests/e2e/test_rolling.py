@@ -16,7 +16,7 @@ import pytest
 from hami_mt_webhook import certs
 from hami_mt_webhook.local import LocalWebhook
 
-from .support import VGPU, pod
+from .support import VGPU, metric, pod
 from .traffic import Balancer, LoopThread, PodCreator
 
 RATE = 20  # pods per second
@@ -37,10 +37,7 @@ def restart(webhook: LocalWebhook, balancer: Balancer) -> float:
 
 
 def reloads(webhook: LocalWebhook) -> float:
-    for line in webhook.metrics().splitlines():
-        if line.startswith('hami_mt_webhook_certificate_reloads_total{result="loaded"}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return metric(webhook, "hami_mt_webhook_certificate_reloads_total", result="loaded")
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .support import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, apply, exists, pod, resources, stored
+from .support import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, apply, exists, metric, pod, resources, stored
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +69,15 @@ def test_vendor_form_is_converted(controlplane, ns):
 
 
 def test_pods_without_slices_are_untouched_and_never_sent(controlplane, ns, webhook):
-    reviews = _review_count(webhook)
+    reviews = metric(webhook, "hami_mt_webhook_reviews_total")
     for name, limits in (("plain", {"cpu": "100m"}), ("whole", {WHOLE: 1})):
         r = apply(controlplane, ns, pod(name, limits))
         assert r.returncode == 0, r.stderr
         obj = stored(controlplane, ns, name)
         assert obj["spec"]["schedulerName"] == "default-scheduler"
     # whole-card pods name an mthreads.com/ resource and are sent (for the mixing check); plain pods are not
-    assert _review_count(webhook) == reviews + 2  # one mutating and one validating review for "whole"
+    # one mutating and one validating review, for "whole"
+    assert metric(webhook, "hami_mt_webhook_reviews_total") == reviews + 2
 
 
 def test_dry_run_shows_warnings_and_denials_and_stores_nothing(controlplane, ns):
@@ -95,11 +96,3 @@ def test_pod_rules_deny_privileged_slice_pods(controlplane, ns):
     bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     r = apply(controlplane, ns, bad)
     assert r.returncode != 0 and 'container "c0" is privileged' in r.stderr
-
-
-def _review_count(webhook) -> float:
-    total = 0.0
-    for line in webhook.metrics().splitlines():
-        if line.startswith("hami_mt_webhook_reviews_total{"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from .support import IMAGE, MEMORY, ON_S4000, VGPU, WHOLE, apply
+from .support import IMAGE, MEMORY, ON_S4000, VGPU, WHOLE, apply, metric
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 DENIED = 'admission webhook "validate-workloads.hami-mt.mthreads.com" denied the request: '
@@ -144,19 +144,14 @@ def test_update_keeps_working_for_a_template_created_before_the_webhook(controlp
 
 
 def test_workloads_without_mthreads_resources_are_never_sent(controlplane, ns, webhook):
-    before = _reviews(webhook)
+    def reviews() -> float:
+        return metric(webhook, "hami_mt_webhook_reviews_total", webhook="validate-workloads")
+
+    before = reviews()
     plain = workload("Deployment", "plain", {"cpu": "100m"})
     r = apply(controlplane, ns, plain, "--dry-run=server")
     assert r.returncode == 0, r.stderr
-    assert _reviews(webhook) == before
+    assert reviews() == before
     r = apply(controlplane, ns, workload("Deployment", "sent", {WHOLE: 1}), "--dry-run=server")
     assert r.returncode == 0, r.stderr
-    assert _reviews(webhook) == before + 1
-
-
-def _reviews(webhook) -> float:
-    total = 0.0
-    for line in webhook.metrics().splitlines():
-        if line.startswith("hami_mt_webhook_reviews_total{") and 'webhook="validate-workloads"' in line:
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    assert reviews() == before + 1
