@@ -136,3 +136,30 @@ CASES: dict[str, int] = {}
 
 def count_case(test: str) -> None:
     CASES[test] = CASES.get(test, 0) + 1
+
+
+def paths(node: Any, prefix: tuple = ()) -> list[tuple]:
+    """Every path into a JSON document, the root included: where the fuzzers break things."""
+    out = [prefix]
+    if isinstance(node, dict):
+        for k, v in node.items():
+            out += paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            out += paths(v, (*prefix, i))
+    return out
+
+
+def edited(doc: Any, path: tuple, value: Any = None, delete: bool = False) -> Any:
+    """A copy of `doc` with the value at `path` replaced by `value`, or removed."""
+    if not path:
+        return {} if delete else value
+    doc = copy.deepcopy(doc)
+    node = doc
+    for key in path[:-1]:
+        node = node[key]
+    if delete:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return doc

@@ -7,7 +7,6 @@ reproduces; the count is printed in the test summary.
 
 from __future__ import annotations
 
-import copy
 import gc
 import json
 import random
@@ -15,7 +14,7 @@ import tracemalloc
 from typing import Any
 
 import orjson
-from helpers import CASES, container, make_pod, review_body
+from helpers import CASES, container, edited, make_pod, paths, review_body
 
 from hami_mt_webhook import review
 from hami_mt_webhook.capacity import ClusterView, NodeReport
@@ -41,39 +40,6 @@ def seed_reviews() -> list[dict[str, Any]]:
     return [review_body(p) for p in pods]
 
 
-def paths(node: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += paths(v, (*prefix, i))
-    return out
-
-
-def replace(doc: Any, path: tuple, value: Any) -> Any:
-    if not path:
-        return value
-    doc = copy.deepcopy(doc)
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
-    node[path[-1]] = value
-    return doc
-
-
-def delete(doc: Any, path: tuple) -> Any:
-    if not path:
-        return {}
-    doc = copy.deepcopy(doc)
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
-    del node[path[-1]]
-    return doc
-
-
 def mutant(rng: random.Random, seeds: list[dict[str, Any]]) -> bytes:
     doc = rng.choice(seeds)
     kind = rng.randrange(7)
@@ -87,10 +53,10 @@ def mutant(rng: random.Random, seeds: list[dict[str, Any]]) -> bytes:
         return json.dumps(doc).replace('"spec":', '"spec":' + "[" * depth + "1" + "]" * depth + ',"x":', 1).encode()
     target = rng.choice(paths(doc))
     if kind == 3:
-        return json.dumps(delete(doc, target)).encode()
+        return json.dumps(edited(doc, target, delete=True)).encode()
     if kind == 4:  # unicode names and keys
-        return json.dumps(replace(doc, target, rng.choice(UNICODE))).encode()
-    return json.dumps(replace(doc, target, rng.choice(ODD_VALUES))).encode()
+        return json.dumps(edited(doc, target, rng.choice(UNICODE))).encode()
+    return json.dumps(edited(doc, target, rng.choice(ODD_VALUES))).encode()
 
 
 def check(body: bytes, webhook: str) -> None:

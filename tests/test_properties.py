@@ -20,7 +20,9 @@ from helpers import (
     VGPU,
     WHOLE,
     count_case,
+    edited,
     nodes_view,
+    paths,
     review_body,
 )
 from hypothesis import HealthCheck, given, settings
@@ -240,30 +242,6 @@ json_values = st.recursive(
 )
 
 
-def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
-    out = [prefix]
-    if isinstance(node, dict):
-        for k, v in node.items():
-            out += _paths(v, (*prefix, k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += _paths(v, (*prefix, i))
-    return out
-
-
-def _replace(doc: Any, path: tuple, value: Any, delete: bool) -> Any:
-    if not path:
-        return value
-    node = doc
-    for key in path[:-1]:
-        node = node[key]
-    if delete:
-        del node[path[-1]]
-    else:
-        node[path[-1]] = value
-    return doc
-
-
 def _dumps(doc: Any) -> bytes:
     """Python's encoder, as a client might: big integers, NaN and all (orjson refuses to write them)."""
     return json.dumps(doc).encode()
@@ -281,8 +259,8 @@ def reviews(draw) -> dict[str, Any]:
 def broken_reviews(draw) -> bytes:
     body = copy.deepcopy(draw(reviews()))  # sampled constants must stay as they are
     for _ in range(draw(st.integers(1, 3))):
-        path = draw(st.sampled_from(_paths(body)))
-        body = _replace(body, path, draw(json_values), delete=bool(path) and draw(st.booleans()))
+        path = draw(st.sampled_from(paths(body)))
+        body = edited(body, path, draw(json_values), delete=bool(path) and draw(st.booleans()))
     return _dumps(body)
 
 
