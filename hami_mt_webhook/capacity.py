@@ -8,6 +8,7 @@ the whole cluster, so a pod with no placement constraints is answered without lo
 from __future__ import annotations
 
 import logging
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -67,7 +68,9 @@ def report(node: Mapping[str, Any], config: Config) -> NodeReport | None:
     labels = metadata.get("labels") or {}
     if not isinstance(labels, Mapping):
         labels = {}
-    return NodeReport(name=str(name), labels=dict(labels), cards=cards, per_card=per_card)
+    # Most label values repeat across thousands of nodes (zone, arch, model): keep one copy of each.
+    labels = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v for k, v in labels.items()}
+    return NodeReport(name=str(name), labels=labels, cards=cards, per_card=per_card)
 
 
 class ClusterView:
@@ -110,6 +113,16 @@ class ClusterView:
             self._drop_shape(old)
             self._summary = None
             self._placed.clear()
+
+    def replace(self, nodes: Mapping[str, NodeReport]) -> None:
+        """Swap in a complete set at once (a relist): nodes absent from it are gone, none half-applied."""
+        self._nodes = dict(nodes)
+        self._shapes = Counter((n.per_card, n.cards) for n in self._nodes.values())
+        self._summary = None
+        self._placed = {}
+
+    def get(self, name: str) -> NodeReport | None:
+        return self._nodes.get(name)
 
     def _drop_shape(self, node: NodeReport) -> None:
         shape = (node.per_card, node.cards)

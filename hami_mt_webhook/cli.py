@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="address for the probe and metrics listeners [HAMI_MT_HEALTH_LISTEN; 0.0.0.0]")
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                        help="kubeconfig for the Node watch [KUBECONFIG; in-cluster service account]")
+    serve.add_argument("--node-watch", default=_env("HAMI_MT_NODE_WATCH", "auto"), choices=["auto", "stream", "list"],
+                       help="how the Node view is filled: a streaming list (WatchList, Kubernetes 1.27+), paged "
+                            "lists, or auto by server version [HAMI_MT_NODE_WATCH; auto]")
+    serve.add_argument("--node-selector", default=os.environ.get("HAMI_MT_NODE_SELECTOR") or None,
+                       help="label selector for the Node watch, e.g. mthreads.com/gpu-node: only if every sliced "
+                            "node carries it [HAMI_MT_NODE_SELECTOR; all nodes]")
     serve.add_argument("--log-level", default=_env("HAMI_MT_LOG_LEVEL", "info"),
                        choices=["debug", "info", "warning", "error"],
                        help="info logs one line per denial and per mutation [HAMI_MT_LOG_LEVEL; info]")
@@ -157,7 +163,8 @@ def _serve(args: argparse.Namespace) -> int:
     except ImportError:  # pragma: no cover
         runner = asyncio.run
     runner(server.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
-                      metrics_port=args.metrics_port))
+                      metrics_port=args.metrics_port, node_watch=args.node_watch,
+                      node_selector=args.node_selector))
     return 0
 
 

@@ -391,6 +391,15 @@ class ControlPlane:
         # /readyz does not cover the system namespaces; tests create objects in `default` at once.
         self._wait("kube-apiserver", proc, log, f"{self.server}/api/v1/namespaces/default", lambda body: True)
 
+    def restart_apiserver(self, down: float = 0.0) -> None:
+        """Kill kube-apiserver as a crash would (SIGKILL), wait `down` seconds, start it again on its port."""
+        for proc in [p for p in self._procs if Path(str(p.args[0])).name == "kube-apiserver"]:
+            proc.kill()
+            proc.wait()
+            self._procs.remove(proc)
+        time.sleep(down)
+        self._start_apiserver(self.bin_dir)
+
     def _opener(self) -> urllib.request.OpenerDirector:
         """An HTTP(S) client that trusts our CA, presents the admin cert and ignores proxy settings."""
         ctx = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))

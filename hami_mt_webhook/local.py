@@ -62,8 +62,9 @@ class LocalWebhook:
 
     def __init__(self, cp: ControlPlane, workdir: Path, *, port: int | None = None,
                  extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
-                 certs_dir: Path | None = None) -> None:
+                 certs_dir: Path | None = None, api_server: str | None = None) -> None:
         self.cp = cp
+        self.api_server = api_server or cp.server  # where it watches Nodes (a test may put a proxy between)
         self.workdir = Path(workdir)
         self.port = port or free_port()
         self.health_port = free_port()
@@ -87,7 +88,7 @@ class LocalWebhook:
         token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=24h").stdout.strip()
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
-            "clusters": [{"name": "local", "cluster": {"server": self.cp.server,
+            "clusters": [{"name": "local", "cluster": {"server": self.api_server,
                                                         "certificate-authority": str(self.cp.ca_file)}}],
             "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
             "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}],

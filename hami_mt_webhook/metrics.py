@@ -36,6 +36,13 @@ class Metrics:
                                  "Unix time at which the serving certificate expires.", registry=r)
         self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads",
                                     "Serving certificates loaded after a change.", ["result"], registry=r)
+        self.watch_up = Gauge("hami_mt_webhook_node_watch_up", "1 while the Node watch is connected.", registry=r)
+        self.view_age = Gauge("hami_mt_webhook_node_view_age_seconds",
+                              "Seconds the node view may be behind the API server: 0 while the watch is up and "
+                              "synced, else the time since it last was.", registry=r)
+        self.relists = Counter("hami_mt_webhook_node_relists",
+                               "Complete node sets built from the API server (the first sync included).",
+                               registry=r)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""

@@ -1,14 +1,16 @@
-"""The webhook service: kopf keeps the node index and the lifecycle; aiohttp answers the reviews.
+"""The webhook service: kopf keeps the lifecycle, `nodewatch` the node view; aiohttp answers the reviews.
 
-kopf logs in, watches Nodes into the index, handles signals and runs the webhook server it is
-given (`settings.admission.server`). Reviews do not go through kopf's generic admission machinery:
-the server hands each body straight to `review.handle`, the same code `review` and the tests use.
+kopf logs in, handles signals and runs the webhook server it is given (`settings.admission.server`);
+the node view is fed by its own streaming watch beside it (`nodewatch` says why). Reviews do not go
+through kopf's generic admission machinery: the server hands each body straight to `review.handle`,
+the same code `review` and the tests use.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import hashlib
 import logging
 import ssl
@@ -21,8 +23,8 @@ from typing import Any
 import aiohttp.web
 import kopf
 
-from . import certs, review
-from .capacity import ClusterView, report
+from . import certs, nodewatch, review
+from .capacity import ClusterView
 from .config import Config
 from .listener import GuardedHandler, Limits, Listener
 from .metrics import Metrics
@@ -186,49 +188,21 @@ def _log(webhook: str, request: dict[str, Any], decision: Any) -> None:
 
 
 def register(registry: kopf.OperatorRegistry, state: State) -> None:
-    """The node watch: an index kopf fills first, then events that keep the view current."""
-    config = state.config
+    """kopf's part: the login (for its own API discovery); Nodes are watched by `nodewatch`."""
 
     @kopf.on.login(id="login", registry=registry)
-    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
-        """A kubeconfig when one is given (local runs), else the pod's service account."""
-        return kopf.login_with_kubeconfig(**kwargs) or kopf.login_with_service_account(**kwargs)
-
-    @kopf.index("", "v1", "nodes", id="sliced_nodes", registry=registry)
-    async def sliced_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, Any] | None:
-        node = report(body, config)
-        return {name: node} if node is not None else None
-
-    @kopf.on.event("", "v1", "nodes", id="node-events", registry=registry)
-    async def node_events(type: str | None, name: str, body: kopf.Body, sliced_nodes: kopf.Index, **_: Any) -> None:
-        view = state.view
-        if not view.ready:
-            # kopf runs event handlers only once every index holds the initial list: the view is complete.
-            for _name, store in sliced_nodes.items():
-                for node in store:
-                    view.upsert(node)
-            view.ready = True
-            state.metrics.ready.set(1)
-            logger.info("node index synced: %d sliced nodes", len(view))
-        if type == "DELETED":
-            view.remove(name)
-        else:
-            node = report(body, config)
-            if node is None:
-                view.remove(name)
-            else:
-                view.upsert(node)
-        state.metrics.nodes.set(len(view))
-        state.metrics.last_node_event.set(time.time())
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
+        return nodewatch.login(settings)
 
 
 async def health_app(state: State) -> aiohttp.web.Application:
-    """/readyz is ready once the node index is synced; /livez only says the event loop answers."""
+    """/readyz is ready once the node view has been synced (and stays so while the watch reconnects: see
+    `nodewatch`); /livez only says the event loop answers."""
 
     async def readyz(_: aiohttp.web.Request) -> aiohttp.web.Response:
         if state.view.ready:
             return aiohttp.web.Response(text=f"ready: {len(state.view)} sliced nodes\n")
-        return aiohttp.web.Response(status=503, text="not ready: the node index is not synced yet\n")
+        return aiohttp.web.Response(status=503, text="not ready: the node view is not synced yet\n")
 
     async def livez(_: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.Response(text="ok\n")
@@ -245,8 +219,9 @@ async def health_app(state: State) -> aiohttp.web.Application:
 
 
 async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
-              metrics_port: int | None) -> None:
-    """Run kopf (node watch, webhook server, signals) with the probe and metrics listeners beside it."""
+              metrics_port: int | None, node_watch: str = "auto", node_selector: str | None = None) -> None:
+    """Run kopf (login, webhook server, signals) with the node watch and the probe and metrics listeners."""
+    gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
     registry = kopf.OperatorRegistry()
     register(registry, state)
     settings = kopf.OperatorSettings()
@@ -255,7 +230,10 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     settings.posting.enabled = False
     settings.scanning.disabled = True
     settings.peering.standalone = True
-    settings.watching.server_timeout = 300
+    feed = nodewatch.NodeFeed(state.view, state.config, state.metrics)
+    watch = nodewatch.NodeWatch(feed, lambda: nodewatch.login(settings), mode=node_watch,
+                                label_selector=node_selector)
+    watcher = asyncio.create_task(_keep_watching(watch), name="node watch")
     runners = []
     try:
         app = await health_app(state)
@@ -267,5 +245,18 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
             await aiohttp.web.TCPSite(runner, health_addr, metrics_port).start()
         await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True)
     finally:
+        watcher.cancel()
         for runner in runners:
             await runner.cleanup()
+
+
+async def _keep_watching(watch: nodewatch.NodeWatch) -> None:
+    """The watch retries API errors itself; this restarts it after anything else, so the view never freezes."""
+    while True:
+        try:
+            await watch.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("the node watch failed; restarting it in 1 s")
+            await asyncio.sleep(1.0)

@@ -21,6 +21,7 @@ SERVE_ENV = {
     "--reload-interval": "HAMI_MT_RELOAD_INTERVAL", "--health-port": "HAMI_MT_HEALTH_PORT",
     "--metrics-port": "HAMI_MT_METRICS_PORT", "--health-listen": "HAMI_MT_HEALTH_LISTEN",
     "--kubeconfig": "KUBECONFIG", "--log-level": "HAMI_MT_LOG_LEVEL", "--log-format": "HAMI_MT_LOG_FORMAT",
+    "--node-watch": "HAMI_MT_NODE_WATCH", "--node-selector": "HAMI_MT_NODE_SELECTOR",
 }
 RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",

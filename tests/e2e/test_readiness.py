@@ -1,20 +1,32 @@
-"""A replica is ready only once its node index is synced; until then slice pods get a retryable denial."""
+"""A replica is ready once it has read the complete node set; until then slice pods get a retryable denial.
+
+Ready does not need sliced nodes: an empty set, read completely, is an answer (the memoryPerCard
+fallback). What keeps a replica unready is not having read the set at all, here because the
+ClusterRoleBinding that lets it list Nodes is not there yet.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 
 from hami_mt_webhook.controlplane import ControlPlane
 from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
 
-from .support import VGPU, apply, pod
+from .support import MEMORY, ON_S5000, VGPU, apply, pod
 
 
-def test_not_ready_until_nodes_are_indexed_and_live_throughout(tmp_path):
-    # A cluster with no nodes yet: the index cannot be synced, so the replica must not claim readiness.
+def _fill(cp: ControlPlane, ns: str, name: str, **spec) -> str:
+    r = apply(cp, ns, pod(name, {VGPU: 1}, **spec), "--dry-run=server", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["spec"]["containers"][0]["resources"]["limits"][MEMORY]
+
+
+def test_not_ready_until_the_node_set_is_read_and_live_throughout(tmp_path):
     with ControlPlane() as cp:
         hook = LocalWebhook(cp, tmp_path)
         hook.install()
+        cp.kubectl("delete", "clusterrolebinding", "hami-mt-webhook")  # it cannot list Nodes yet
         hook.start(wait_ready=False)
         try:
             time.sleep(2)
@@ -26,12 +38,19 @@ def test_not_ready_until_nodes_are_indexed_and_live_throughout(tmp_path):
             r = apply(cp, "early", pod("plain", {"cpu": "10m"}))
             assert r.returncode == 0, r.stderr  # never sent: matchConditions
 
-            apply_nodes(cp, example_nodes())
+            hook.install()  # the binding is back
             deadline = time.monotonic() + 15
             while not hook.ready() and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert hook.ready(), hook.tail()
-            assert "hami_mt_webhook_sliced_nodes 2.0" in hook.metrics()
+            # No node reports sliced cards yet: the complete (empty) set means the configured fallback.
+            assert _fill(cp, "early", "no-nodes") == "96"
+
+            apply_nodes(cp, example_nodes())
+            deadline = time.monotonic() + 15
+            while _fill(cp, "early", "on-s5000", nodeSelector=ON_S5000) != "160" and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert _fill(cp, "early", "on-s5000", nodeSelector=ON_S5000) == "160"
             r = apply(cp, "early", pod("in-time", {VGPU: 1}))
             assert r.returncode == 0, r.stderr
         finally:
