@@ -16,7 +16,15 @@ from hami_mt_webhook import fleet
 from hami_mt_webhook.capacity import ClusterView
 from hami_mt_webhook.config import Config
 from hami_mt_webhook.metrics import Metrics
-from hami_mt_webhook.nodewatch import INITIAL_EVENTS_END, MAX_LINE, Expired, NodeFeed, WatchError, lines
+from hami_mt_webhook.nodewatch import (
+    INITIAL_EVENTS_END,
+    LINES_PER_TURN,
+    MAX_LINE,
+    Expired,
+    NodeFeed,
+    WatchError,
+    batches,
+)
 
 CONFIG = Config()
 
@@ -147,7 +155,9 @@ def split_into(chunks: list[bytes]):
                 while data := await reader.read(len(max(chunks, key=len)) or 1):
                     yield data
 
-        return [line async for line in lines(Content())]  # type: ignore[arg-type]
+        out = [batch async for batch in batches(Content())]  # type: ignore[arg-type]
+        assert all(0 < len(batch) <= LINES_PER_TURN for batch in out)
+        return [line for batch in out for line in batch]
 
     return asyncio.run(collect())
 
@@ -158,6 +168,8 @@ def test_lines_are_split_across_any_chunk_boundary():
     for size in (1, 7, 100, len(stream)):
         chunks = [stream[i:i + size] for i in range(0, len(stream), size)]
         assert split_into(chunks) == [a, b, c]
+    many = [event("ADDED", node(f"n{i}")) for i in range(LINES_PER_TURN * 3 + 1)]
+    assert split_into([b"\n".join(many) + b"\n"]) == many  # one chunk, several turns of the loop
 
 
 def test_a_line_without_an_end_is_refused_past_the_limit():

@@ -1,8 +1,8 @@
 """The node view against a real kube-apiserver: complete after every disconnect, current on change,
 and never in the way of reviews while it is rebuilt.
 
-The webhook reaches the API server through a relay that the tests cut, as a network partition
-would; the API server itself is real, and so is its restart.
+The webhook reaches the API server through a TCP relay (TLS passes through it untouched) that the
+tests cut, as a network partition would; the API server itself is real, and so is its restart.
 """
 
 from __future__ import annotations
@@ -25,17 +25,35 @@ from hami_mt_webhook import bench, fleet
 from hami_mt_webhook.controlplane import ControlPlane
 from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
 
-from .proxy import Relay
 from .support import MEMORY, VGPU, apply, metric, pod
+from .traffic import Balancer, LoopThread
 
 #: Enough real-sized nodes that parsing them in one go would hold the event loop for a noticeable time.
 FLEET = 2500
 NS = "e2e-nodeview"
 
 
+class Relay(Balancer):
+    """The path from the webhook to the API server, which a test can cut and mend."""
+
+    def __init__(self, lt: LoopThread, cp: ControlPlane) -> None:
+        super().__init__(lt, [cp.apiserver_port])
+        self.backend = cp.apiserver_port
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"  # the API server's certificate names 127.0.0.1
+
+    def mend(self) -> None:
+        self.add(self.backend)
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory) -> Iterator[tuple[ControlPlane, Relay, LocalWebhook]]:
-    with ControlPlane() as cp, Relay(cp.server) as relay:
+    lt = LoopThread()
+    with ControlPlane() as cp:
+        relay = Relay(lt, cp)
         hook = LocalWebhook(cp, tmp_path_factory.mktemp("nodeview"), api_server=relay.url)
         hook.install()
         apply_nodes(cp, example_nodes())
@@ -46,6 +64,8 @@ def cluster(tmp_path_factory) -> Iterator[tuple[ControlPlane, Relay, LocalWebhoo
             yield cp, relay, hook
         finally:
             hook.stop()
+            relay.stop()
+            lt.close()
 
 
 async def _create_fleet(cp: ControlPlane) -> None:

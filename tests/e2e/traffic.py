@@ -49,6 +49,7 @@ class Balancer:
         self.server: asyncio.base_events.Server | None = None
         self.port = 0
         self.connections: Counter[int] = Counter()
+        self.open: set[asyncio.StreamWriter] = set()
 
     def start(self) -> None:
         async def go() -> None:
@@ -76,7 +77,20 @@ class Balancer:
             writer.close()
             return
         self.connections[backend] += 1
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        self.open |= {writer, up_writer}
+        try:
+            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        finally:
+            self.open -= {writer, up_writer}
+
+    def cut(self) -> None:
+        """A network partition: every backend out of rotation and every open connection dropped."""
+        self.rotation = []
+
+        async def go() -> None:
+            for w in list(self.open):
+                w.transport.abort()
+        self.lt.run(go(), 5)
 
     def stop(self) -> None:
         async def go() -> None:
