@@ -106,7 +106,7 @@ def test_mixing_is_denied_even_for_another_scheduler():
 @pytest.mark.parametrize(("resource", "value", "expect"), [
     (V, "1.5", 'mthreads.com/vgpu limit "1.5" is not a whole number; use a whole number of cards, 1 or more'),
     (V, "500m", 'limit "500m" is not a whole number'),
-    (M, "abc", 'mthreads.com/sgpu-memory limit "abc" is not a quantity; use a whole number of 512 MiB units'),
+    (M, "abc", 'mthreads.com/sgpu-memory limit "abc" is not a quantity; use a positive whole number of 512 MiB units'),
     (K, "2.5", 'mthreads.com/sgpu-core limit "2.5" is not a whole number; use a whole number of sixteenths of a '
                'card, 1 to 16'),
     (M, "1e30", "far too large"),
@@ -122,7 +122,7 @@ def test_non_whole_quantities_are_denied(resource, value, expect):
 @pytest.mark.parametrize(("resource", "value", "expect"), [
     (V, "0", 'mthreads.com/vgpu 0 is not valid: use a whole number of cards, 1 or more'),
     (V, "-1", 'mthreads.com/vgpu -1 is not valid'),
-    (M, "0", 'mthreads.com/sgpu-memory 0 is not valid: use a whole number of 512 MiB units'),
+    (M, "0", 'mthreads.com/sgpu-memory 0 is not valid: use a positive whole number of 512 MiB units'),
     (K, "0", 'mthreads.com/sgpu-core 0 is not valid: use a whole number of sixteenths of a card, 1 to 16'),
 ])
 def test_quantities_below_one_are_denied(resource, value, expect):
