@@ -75,9 +75,8 @@ def test_pods_without_slices_are_untouched_and_never_sent(controlplane, ns, webh
         assert r.returncode == 0, r.stderr
         obj = stored(controlplane, ns, name)
         assert obj["spec"]["schedulerName"] == "default-scheduler"
-    # whole-card pods name an mthreads.com/ resource and are sent (for the mixing check); plain pods are not
-    # one mutating and one validating review, for "whole"
-    assert metric(webhook, "hami_mt_webhook_reviews_total") == reviews + 2
+    # Neither names a slice resource, so neither is sent: a mixing container names a slice and is sent.
+    assert metric(webhook, "hami_mt_webhook_reviews_total") == reviews
 
 
 def test_dry_run_shows_warnings_and_denials_and_stores_nothing(controlplane, ns):
@@ -96,3 +95,28 @@ def test_pod_rules_deny_privileged_slice_pods(controlplane, ns):
     bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     r = apply(controlplane, ns, bad)
     assert r.returncode != 0 and 'container "c0" is privileged' in r.stderr
+
+
+def test_privileged_ephemeral_container_is_denied_on_a_slice_pod(controlplane, ns):
+    """`kubectl debug --profile=sysadmin` writes pods/ephemeralcontainers: only new privileged ones are denied."""
+    assert apply(controlplane, ns, pod("debugged", {VGPU: 1, MEMORY: 8, CORE: 2})).returncode == 0
+    assert apply(controlplane, ns, pod("debugged-plain", {"cpu": "10m"})).returncode == 0
+
+    def debug(name: str, container: str, profile: str):
+        return controlplane.kubectl("debug", "-n", ns, name, "--image=busybox", f"--container={container}",
+                                    f"--profile={profile}", check=False)
+
+    r = debug("debugged", "root", "sysadmin")
+    assert r.returncode != 0
+    assert 'admission webhook "validate.hami-mt.mthreads.com" denied the request: ephemeral container "root" ' \
+           "is privileged, and a privileged container sees every card, so it cannot join a pod with sGPU " \
+           "slices" in r.stderr
+    r = debug("debugged", "look", "general")
+    assert r.returncode == 0, r.stderr
+    names = [c["name"] for c in stored(controlplane, ns, "debugged")["spec"]["ephemeralContainers"]]
+    assert names == ["look"]
+    # The pod already has an ephemeral container: only the new one is judged, and a plain pod is not sent.
+    r = debug("debugged", "look-again", "general")
+    assert r.returncode == 0, r.stderr
+    r = debug("debugged-plain", "root", "sysadmin")
+    assert r.returncode == 0, r.stderr
