@@ -80,14 +80,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
                         description="Run the mutating and then the validating rules on pods from files, and on the "
-                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and "
-                                    "CronJobs. Exit 0: all allowed; 1: any denied; 2: bad input.")
+                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
+                                    "ReplicationControllers, Jobs and CronJobs. Objects of other kinds are listed "
+                                    "as skipped. Exit 0: all judged objects allowed; 1: any denied; 2: bad input "
+                                    "(or, with --strict, a skipped kind).")
     rv.add_argument("-f", "--filename", action="append", required=True, dest="files",
                     help="YAML or JSON file (several documents allowed; - for stdin); repeatable")
     rv.add_argument("--nodes", action="append", default=[],
                     help="Node objects, e.g. `kubectl get nodes -o yaml` output; repeatable")
     rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per document, one per line")
+    rv.add_argument("--strict", action="store_true",
+                    help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error (exit 2) "
+                         "instead of being skipped")
     _config_flags(rv)
 
     ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
@@ -121,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "review":
             from .offline import run_review
-            return run_review(args.files, args.nodes, _load_config(args), args.output)
+            return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict)
         if args.command == "certs":
             return _certs(args)
         if args.command == "controlplane":
