@@ -114,7 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
     from . import controlplane
 
     controlplane.add_arguments(sub)
-    sub.add_parser("try", help="local control plane + webhook + example nodes until Ctrl-C (make run)")
+    tr = sub.add_parser("try", help="local control plane + webhook + example nodes until Ctrl-C (make run)",
+                        description="Start a local etcd + kube-apiserver, the webhook and the example nodes; restart "
+                                    "the webhook when it exits; stop everything on SIGINT, SIGTERM or SIGHUP.")
+    tr.add_argument("--dir", type=Path, default=None,
+                    help="where the run directory is made (and removed at the end) "
+                         "[~/.cache/hami-mt-webhook/run]")
+    tr.add_argument("--restart-delay", type=float, default=10.0,
+                    help="seconds between the webhook's exit and its restart [10]")
     return parser
 
 
@@ -134,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return controlplane.run(args)
         if args.command == "try":
             from .local import try_it
-            return try_it()
+            return try_it(args.dir, args.restart_delay)
     except ValueError as err:  # bad settings: one clear line
         print(f"hami-mt-webhook: {err}", file=sys.stderr)
         return 2
