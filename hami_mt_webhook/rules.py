@@ -151,7 +151,7 @@ def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
     Lives here, beside the two rules, so the workload check can use it without importing review.
     """
     if ignores_mutation(pod):  # the API server calls only the validating webhook for such a pod
-        return validate(_requests_defaulted(pod), view, config)
+        return validate(_defaulted(pod), view, config)
     mutated = mutate(pod, view, config)
     if not mutated.allowed:
         return mutated
@@ -163,13 +163,15 @@ def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
     return mutated
 
 
-def _requests_defaulted(pod: Any) -> Any:
-    """The pod as the API server stores it: a resource in limits but not in requests gets the limit as
-    request. The webhooks see pods after this defaulting; files given to `review` are before it."""
+def _defaulted(pod: Any) -> Any:
+    """The pod as the API server defaults it before admission: the default scheduler when none is named, and
+    a resource in limits but not in requests requested at its limit. Files given to `review` are before it."""
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if not isinstance(spec, dict):
         return pod
     patch = Patch(pod)
+    if not spec.get("schedulerName"):
+        patch.set(("spec", "schedulerName"), DEFAULT_SCHEDULER)
     for group in ("initContainers", "containers"):
         items = spec.get(group)
         for index, container in enumerate(items if isinstance(items, list) else []):
