@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from .support import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, apply, exists, metric, pod, resources, stored
 
@@ -120,3 +123,25 @@ def test_privileged_ephemeral_container_is_denied_on_a_slice_pod(controlplane, n
     assert r.returncode == 0, r.stderr
     r = debug("debugged-plain", "root", "sysadmin")
     assert r.returncode == 0, r.stderr
+
+
+def test_reapplying_a_snapped_pod_needs_the_tier_in_the_manifest(controlplane, ns):
+    """The snap warning's advice, on the real API server: pod resources are immutable, so a second apply of a
+    manifest saying 20 fails; a manifest saying the tier re-applies cleanly, and so does a Deployment."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    first = controlplane.kubectl("apply", "-n", ns, "-f", str(examples / "snap-pod.yaml"), check=False)
+    assert first.returncode == 0, first.stderr
+    assert "write 32 in the manifest: a pod's resources cannot change" in first.stderr
+    again = controlplane.kubectl("apply", "-n", ns, "-f", str(examples / "snap-pod.yaml"), check=False)
+    assert again.returncode != 0 and "Forbidden" in again.stderr
+    fixed = yaml.safe_load((examples / "snap-pod.yaml").read_text())
+    for part in ("limits", "requests"):
+        if MEMORY in fixed["spec"]["containers"][0]["resources"].get(part, {}):
+            fixed["spec"]["containers"][0]["resources"][part][MEMORY] = 32
+    controlplane.kubectl("delete", "pod", "-n", ns, fixed["metadata"]["name"])
+    for _ in range(2):
+        r = apply(controlplane, ns, fixed)
+        assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+    for _ in range(2):
+        r = controlplane.kubectl("apply", "-n", ns, "-f", str(examples / "snap-deployment.yaml"), check=False)
+        assert r.returncode == 0, r.stderr
