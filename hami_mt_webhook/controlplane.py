@@ -469,7 +469,7 @@ def add_arguments(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("controlplane", help="run a local etcd + kube-apiserver on loopback")
     parser.set_defaults(func=run)
     actions = parser.add_subparsers(dest="controlplane_action", required=True)
-    up = actions.add_parser("up", help="start, print the kubeconfig, and run until SIGINT/SIGTERM")
+    up = actions.add_parser("up", help="start, print the kubeconfig, and run until SIGINT/SIGTERM/SIGHUP")
     down = actions.add_parser("down", help=f"stop what `up` started (read from <dir>/{STATE_FILE})")
     for p in (up, down):
         p.add_argument("--dir", type=Path, default=DEFAULT_RUN_DIR,
@@ -508,7 +508,8 @@ def _up(run_dir: Path, timeout: float) -> int:
                   f"run `controlplane down --dir {run_dir}` first", file=sys.stderr)
             return 1
     stopping = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda *_: stopping.set())
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}  # SIGHUP: the terminal closed
     cp = ControlPlane(workdir=run_dir, ready_timeout=timeout)
     try:
         try:

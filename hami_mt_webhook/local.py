@@ -226,16 +226,15 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
         apply_nodes(cp, example_nodes())
         webhook.start()
         say(_banner(cp, webhook, restart_delay))
-        _supervise(webhook, restart_delay, say)
+        return _supervise(cp, webhook, restart_delay, say)
     except Stop:
-        pass
+        return 0
     finally:
         stopping.append(0)  # from here on a signal changes nothing: the cleanup below must finish
         say("\nstopping ...")
         if webhook is not None:
             webhook.stop()
         cp.stop()
-    return 0
 
 
 def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float) -> str:
@@ -257,10 +256,17 @@ pods are not, and the webhook is restarted {restart_delay:.0f} s later.
 Ctrl-C stops everything."""
 
 
-def _supervise(webhook: LocalWebhook, restart_delay: float, say: Console) -> None:
-    """Watch the webhook until a stop signal; report each exit and restart it, backing off on failed starts."""
+def _supervise(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, say: Console) -> int:
+    """Watch the webhook until a stop signal; report each exit and restart it, backing off on failed starts.
+
+    Returns 1 if etcd or kube-apiserver exits: without them there is nothing left to try.
+    """
     delay = restart_delay
     while True:
+        if len(cp.pids) < 2:
+            say(f"\netcd or kube-apiserver exited (running: {', '.join(cp.pids) or 'neither'}); "
+                f"their logs are in {cp.workdir}, which is removed now")
+            return 1
         proc = webhook.proc
         if proc is not None and proc.poll() is None:
             time.sleep(0.5)
