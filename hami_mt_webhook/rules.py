@@ -134,9 +134,7 @@ def ephemeral(pod: Any, old: Any, config: Config) -> Decision:
                 continue
             security = container.get("securityContext")
             if isinstance(security, dict) and security.get("privileged") is True:
-                name = container.get("name")
-                label = f'ephemeral container "{name}"' if isinstance(name, str) and name else \
-                    f"ephemeral container #{index}"
+                label = _label("ephemeralContainers", index, container)
                 raise Denied(f"{label} is privileged, and a privileged container sees every card, so it cannot "
                              "join a pod with sGPU slices; remove securityContext.privileged (kubectl debug: "
                              "--profile=general instead of sysadmin)", "privileged")
@@ -237,9 +235,13 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     return Decision(warnings=warnings, patch=patch.ops, object=patch.result, mutations=mutations)
 
 
+#: How messages call a container of each list of the pod spec.
+_KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
+
+
 def _label(group: str, index: int, container: Any) -> str:
     name = container.get("name") if isinstance(container, dict) else None
-    kind = "init container" if group == "initContainers" else "container"
+    kind = _KINDS.get(group, "container")
     return f'{kind} "{name}"' if isinstance(name, str) and name else f"{kind} #{index}"
 
 
@@ -452,10 +454,9 @@ def _one_card(slots: list[Slot], cands: Candidates, config: Config) -> None:
 
 def _names(slots: list[Slot]) -> str:
     """The containers' labels, the first NAMED of a long list and how many more (a denial stays readable)."""
-    shown = ", ".join(s.label for s in slots[:NAMED])
-    more = len(slots) - NAMED
-    return f"{shown} and {more} more containers" if more > 1 else \
-        ", ".join(s.label for s in slots)
+    if len(slots) <= NAMED + 1:  # "and 1 more" would save nothing
+        return ", ".join(s.label for s in slots)
+    return f"{', '.join(s.label for s in slots[:NAMED])} and {len(slots) - NAMED} more containers"
 
 
 def _write(patch: Patch, slot: Slot) -> None:
