@@ -419,17 +419,17 @@ DENIED = {
     ),
     "webhook-skipped": (
         pod(container("a"), container("gpu", limits={"mthreads.com/vgpu": "1"}), scheduler="default-scheduler"),
-        ["container gpu asks for sGPU slices but spec.schedulerName is default-scheduler: "
+        ['container "gpu" asks for sGPU slices but spec.schedulerName is default-scheduler: '
          "the hami-mt-webhook did not run"],
     ),
     "webhook-skipped-init": (
         pod(container("a"), init=[container("side", requests={"mthreads.com/sgpu-memory": "4"})]),
-        ["container side asks for sGPU slices but spec.schedulerName is unset"],
+        ['container "side" asks for sGPU slices but spec.schedulerName is unset'],
     ),
     "empty-scheduler": (pod(container("a", limits={"mthreads.com/vgpu": "1"}), scheduler=""), ["is unset"]),
     "ignore-labelled": (
         labelled(pod(container("a", limits={"mthreads.com/vgpu": "1"}), scheduler="default-scheduler")),
-        ["container a asks for sGPU slices but spec.schedulerName is default-scheduler: its hami.io/webhook: "
+        ['container "a" asks for sGPU slices but spec.schedulerName is default-scheduler: its hami.io/webhook: '
          "ignore label skips the mutation only; set spec.schedulerName: hami-scheduler, or remove the label"],
     ),
     "ignore-labelled-mixed": (
@@ -438,7 +438,7 @@ DENIED = {
     ),
     "mixed-and-skipped": (
         pod(container("m", limits={WHOLE: "1", "mthreads.com/vgpu": "1"}), scheduler="default-scheduler"),
-        ["container m mixes", "container m asks for sGPU slices"],
+        ["container m mixes", 'container "m" asks for sGPU slices'],
     ),
 }  # fmt: skip
 
