@@ -86,14 +86,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
                         description="Run the mutating and then the validating rules on pods from files, and on the "
-                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, Jobs and "
-                                    "CronJobs. Exit 0: all allowed; 1: any denied; 2: bad input.")
+                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
+                                    "ReplicationControllers, Jobs and CronJobs. Objects of other kinds are listed "
+                                    "as skipped. Exit 0: all judged objects allowed; 1: any denied; 2: bad input "
+                                    "(or, with --strict, a skipped kind).")
     rv.add_argument("-f", "--filename", action="append", required=True, dest="files",
                     help="YAML or JSON file (several documents allowed; - for stdin); repeatable")
     rv.add_argument("--nodes", action="append", default=[],
                     help="Node objects, e.g. `kubectl get nodes -o yaml` output; repeatable")
     rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per document, one per line")
+    rv.add_argument("--strict", action="store_true",
+                    help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error (exit 2) "
+                         "instead of being skipped")
     _config_flags(rv)
 
     ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
@@ -115,7 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
     from . import controlplane
 
     controlplane.add_arguments(sub)
-    sub.add_parser("try", help="local control plane + webhook + example nodes until Ctrl-C (make run)")
+    tr = sub.add_parser("try", help="local control plane + webhook + example nodes until Ctrl-C (make run)",
+                        description="Start a local etcd + kube-apiserver, the webhook and the example nodes; restart "
+                                    "the webhook when it exits; stop everything on SIGINT, SIGTERM or SIGHUP.")
+    tr.add_argument("--dir", type=Path, default=None,
+                    help="where the run directory is made (and removed at the end) "
+                         "[~/.cache/hami-mt-webhook/run]")
+    tr.add_argument("--restart-delay", type=float, default=10.0,
+                    help="seconds between the webhook's exit and its restart [10]")
     return parser
 
 
@@ -127,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "review":
             from .offline import run_review
-            return run_review(args.files, args.nodes, _load_config(args), args.output)
+            return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict)
         if args.command == "certs":
             return _certs(args)
         if args.command == "controlplane":
@@ -135,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return controlplane.run(args)
         if args.command == "try":
             from .local import try_it
-            return try_it()
+            return try_it(args.dir, args.restart_delay)
     except ValueError as err:  # bad settings: one clear line
         print(f"hami-mt-webhook: {err}", file=sys.stderr)
         return 2

@@ -241,6 +241,11 @@ class ControlPlane:
         return self.workdir / "ca.crt"
 
     @property
+    def webhook_client_ca(self) -> Path:
+        """The CA of the client certificate the API server shows webhooks: a webhook's `--client-ca`."""
+        return self.ca_file
+
+    @property
     def ca_pem(self) -> bytes:
         return self.ca_file.read_bytes()
 
@@ -303,12 +308,33 @@ class ControlPlane:
         certs.write_pair(serving, d / "apiserver.crt", d / "apiserver.key")
         admin = certs.issue(ca, "admin", orgs=["system:masters"], server=False, client=True)
         certs.write_pair(admin, d / "admin.crt", d / "admin.key")
+        self._write_admission_config()
         sa = ec.generate_private_key(ec.SECP256R1())
         certs.write_atomic(d / "sa.key", sa.private_bytes(serialization.Encoding.PEM,
                                                           serialization.PrivateFormat.PKCS8,
                                                           serialization.NoEncryption()), 0o600)
         certs.write_atomic(d / "sa.pub", sa.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
+
+    def _write_admission_config(self) -> None:
+        """An AdmissionConfiguration giving the API server a client certificate for every webhook it calls.
+
+        As on a real cluster where webhooks check the caller (`--client-ca`): the webhook plugins read a
+        kubeconfig whose user `*` matches any webhook host, and present its certificate in the TLS handshake.
+        """
+        d = self.workdir
+        assert self._ca is not None
+        client = certs.issue(self._ca, "kube-apiserver-webhook-client", server=False, client=True)
+        certs.write_pair(client, d / "webhook-client.crt", d / "webhook-client.key")
+        kubeconfig = {"apiVersion": "v1", "kind": "Config", "users": [{"name": "*", "user": {
+            "client-certificate": str(d / "webhook-client.crt"), "client-key": str(d / "webhook-client.key")}}]}
+        certs.write_atomic(d / "admission.kubeconfig", yaml.safe_dump(kubeconfig).encode(), 0o600)
+        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
+                  "kubeConfigFile": str(d / "admission.kubeconfig")}
+        config = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
+                  "plugins": [{"name": name, "configuration": plugin}
+                              for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}
+        certs.write_atomic(d / "admission.yaml", yaml.safe_dump(config, sort_keys=False).encode())
 
     def _write_kubeconfig(self, path: Path, user: str, cert: Path | bytes, key: Path | bytes) -> Path:
         """A self-contained kubeconfig (data embedded), so it can be copied or mounted on its own."""
@@ -376,6 +402,7 @@ class ControlPlane:
             "ValidatingAdmissionPolicy",
             # No controller-manager creates the `default` ServiceAccount that this plugin requires.
             "--disable-admission-plugins=ServiceAccount",
+            f"--admission-control-config-file={d / 'admission.yaml'}",
             "--allow-privileged=true",
             # Nothing can reach the `kubernetes` Service's endpoints anyway, and a loopback endpoint
             # only fills the log with rejected updates.
@@ -451,7 +478,7 @@ def add_arguments(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("controlplane", help="run a local etcd + kube-apiserver on loopback")
     parser.set_defaults(func=run)
     actions = parser.add_subparsers(dest="controlplane_action", required=True)
-    up = actions.add_parser("up", help="start, print the kubeconfig, and run until SIGINT/SIGTERM")
+    up = actions.add_parser("up", help="start, print the kubeconfig, and run until SIGINT/SIGTERM/SIGHUP")
     down = actions.add_parser("down", help=f"stop what `up` started (read from <dir>/{STATE_FILE})")
     for p in (up, down):
         p.add_argument("--dir", type=Path, default=DEFAULT_RUN_DIR,
@@ -490,7 +517,8 @@ def _up(run_dir: Path, timeout: float) -> int:
                   f"run `controlplane down --dir {run_dir}` first", file=sys.stderr)
             return 1
     stopping = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stopping.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous = {s: signal.signal(s, lambda *_: stopping.set())
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}  # SIGHUP: the terminal closed
     cp = ControlPlane(workdir=run_dir, ready_timeout=timeout)
     try:
         try:

@@ -7,6 +7,7 @@ shipped ServiceAccount, so the shipped ClusterRole and binding are what it runs 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -17,12 +18,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
 from . import certs, manifests
-from .controlplane import ControlPlane
+from .controlplane import ControlPlane, _die_with_parent
 
 NAMESPACE = "hami-mt-webhook"
 SERVICE_ACCOUNT = "hami-mt-webhook"
@@ -105,8 +106,9 @@ class LocalWebhook:
         """Start the process and wait until /readyz says the node index is synced (or only /livez)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log, "ab") as log:
+            # Dies with us, even by SIGKILL, like the control plane's processes: never left retrying its watch.
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
+                                         start_new_session=True, preexec_fn=_die_with_parent())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -152,42 +154,136 @@ class LocalWebhook:
             return ""
 
 
-def try_it(workdir: Path | None = None) -> int:
-    """`make run`: control plane, webhook and example nodes, until Ctrl-C."""
+#: Signals that end `make run`: Ctrl-C, `kill`, and a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds between the webhook's exit and its restart, doubled after each failed start up to MAX_RESTART_DELAY.
+RESTART_DELAY = 10.0
+MAX_RESTART_DELAY = 60.0
+
+
+class Stop(BaseException):
+    """Raised by the first stop signal, wherever `try_it` is; later signals are ignored while it cleans up."""
+
+
+class Console:
+    """Prints that survive a closed stdout (`make run | head -1`, a closed `tee`).
+
+    After the first failed write stdout is pointed at /dev/null, so no later print, and not the
+    interpreter's final flush, raises BrokenPipeError: the stop must never be skipped for a message.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.closed = False
+
+    def __call__(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            print(text, file=self.stream, flush=True)
+        except (BrokenPipeError, ValueError, OSError):
+            self.closed = True
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+                os.close(devnull)
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, say: Console | None = None) -> int:
+    """`make run`: control plane, webhook and example nodes until Ctrl-C, SIGTERM or SIGHUP.
+
+    A webhook that dies is reported (how it ended, its last log lines) and restarted after
+    `restart_delay` seconds, while the control plane stays up: meanwhile slice pods are refused, the
+    outage docs/operating.md describes. Whatever ends the run, the webhook and the control plane are
+    stopped and the run directory is removed.
+    """
     base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
     base.mkdir(parents=True, exist_ok=True)
-    stop = {"now": False}
+    say = say or Console()
+    stopping: list[int] = []
 
-    def on_signal(*_: Any) -> None:
-        stop["now"] = True
+    def on_signal(signum: int, _frame: Any) -> None:
+        if not stopping:
+            stopping.append(signum)
+            raise Stop(signum)
 
-    for sig in (signal.SIGINT, signal.SIGTERM):  # set explicitly: a shell may start us with SIGINT ignored
+    for sig in STOP_SIGNALS:  # set explicitly: a shell may start us with SIGINT ignored
         signal.signal(sig, on_signal)
-    print("starting etcd and kube-apiserver (the first run builds them) ...", flush=True)
-    with ControlPlane(workdir=base) as cp:
+    cp = ControlPlane(workdir=base)
+    webhook: LocalWebhook | None = None
+    try:
+        say("starting etcd and kube-apiserver (the first run builds them) ...")
+        cp.start()
         webhook = LocalWebhook(cp, cp.workdir)
         webhook.install()
         apply_nodes(cp, example_nodes())
         webhook.start()
-        kubectl = cp.bin_dir / "kubectl"
-        print(f"""
+        say(_banner(cp, webhook, restart_delay))
+        return _supervise(cp, webhook, restart_delay, say)
+    except Stop:
+        return 0
+    finally:
+        stopping.append(0)  # from here on a signal changes nothing: the cleanup below must finish
+        say("\nstopping ...")
+        if webhook is not None:
+            webhook.stop()
+        cp.stop()
+
+
+def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float) -> str:
+    kubectl = cp.bin_dir / "kubectl"
+    pid = webhook.proc.pid if webhook.proc else "?"
+    return f"""
 hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
-(control plane ready in {cp.startup_seconds:.1f} s; webhook log: {webhook.log})
+(control plane ready in {cp.startup_seconds:.1f} s; webhook pid {pid}, log: {webhook.log})
 
   export KUBECONFIG={cp.kubeconfig}
   alias kubectl={kubectl}
-  kubectl get nodes -o 'custom-columns=NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,\
+  kubectl get nodes -o 'custom-columns=NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,\\
 MEMORY:.status.capacity.mthreads\\.com/sgpu-memory'
   kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
   kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
 
-Ctrl-C stops everything.""", flush=True)
+To try an outage, `kill {pid}`: the control plane stays up, slice pods are refused, whole-card and other
+pods are not, and the webhook is restarted {restart_delay:.0f} s later.
+Ctrl-C stops everything."""
+
+
+def _supervise(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, say: Console) -> int:
+    """Watch the webhook until a stop signal; report each exit and restart it, backing off on failed starts.
+
+    Returns 1 if etcd or kube-apiserver exits: without them there is nothing left to try.
+    """
+    delay = restart_delay
+    while True:
+        if len(cp.pids) < 2:
+            say(f"\netcd or kube-apiserver exited (running: {', '.join(cp.pids) or 'neither'}); "
+                f"their logs are in {cp.workdir}, which is removed now")
+            return 1
+        proc = webhook.proc
+        if proc is not None and proc.poll() is None:
+            time.sleep(0.5)
+            continue
+        code = proc.returncode if proc is not None else None
+        tail = "\n".join(f"  | {line}" for line in webhook.tail(10).splitlines())
+        say(f"\nthe webhook exited ({_exit_status(code) if code is not None else 'not running'}); "
+            f"the end of {webhook.log}:\n{tail}\n"
+            f"The control plane stays up. Until the webhook is back, pods asking for slices are refused "
+            f"(failurePolicy Fail); other pods are admitted. Restarting it in {delay:.0f} s ...")
+        time.sleep(delay)
         try:
-            while not stop["now"] and webhook.proc is not None and webhook.proc.poll() is None:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-        finally:
-            print("\nstopping ...", flush=True)
-            webhook.stop()
-    return 0
+            webhook.start()
+        except RuntimeError as err:
+            delay = min(delay * 2, MAX_RESTART_DELAY)
+            say(f"the webhook did not start again: {err}")
+            continue
+        delay = restart_delay
+        say(f"the webhook is serving again (pid {webhook.proc.pid if webhook.proc else '?'})")

@@ -1,7 +1,9 @@
 """`hami-mt-webhook review`: the webhooks' answers for manifests, without a cluster (SPEC.md §7).
 
-Pods get both pod webhooks; workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet, Job, CronJob) get
-validate-workloads, which judges their pod template and never patches them.
+Pods get both pod webhooks; workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet, ReplicationController,
+Job, CronJob) get validate-workloads, which judges their pod template and never patches them. Objects of
+other kinds are skipped and listed as skipped, so whole `kubectl kustomize` or `helm template` output can be
+piped in; `--strict` makes them an error.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class InputError(ValueError):
 class Item:
     source: str
     doc: dict[str, Any]
+    skipped: bool = False  # a kind review does not judge
 
 
 def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tuple[str, Any]]:
@@ -56,18 +59,22 @@ LISTS = ("List", "PodList", *(f"{kind}List" for kind in workloads.TEMPLATES))
 
 
 def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
-    """Flatten lists; refuse anything that is not a Pod, a workload with a pod template or an AdmissionReview."""
+    """Flatten lists; mark kinds review does not judge as skipped; refuse what is not a Kubernetes object."""
     out: list[Item] = []
     for source, doc in documents:
         if not isinstance(doc, dict):
             raise InputError(f"{source}: not a Kubernetes object "
                              f"(expected a Pod, a workload ({WORKLOADS}), a List of them or an AdmissionReview)")
         kind = doc.get("kind")
-        if kind in LISTS or (kind is None and isinstance(doc.get("items"), list)):
+        listed = isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list)
+        if kind in LISTS or listed or (kind is None and isinstance(doc.get("items"), list)):
             entries = doc.get("items")
             if not isinstance(entries, list):
                 raise InputError(f"{source}: a {kind} needs an items list")
             out += items((f"{source}[{i}]", d) for i, d in enumerate(entries))
+        elif not isinstance(kind, str) or not kind:
+            raise InputError(f"{source}: the object has no kind; write the kind line (kind: Pod, kind: Deployment, "
+                             "...) as kubectl needs it too")
         elif kind in ("Pod", "AdmissionReview"):
             out.append(Item(source, doc))
         elif kind in workloads.TEMPLATES:
@@ -76,9 +83,19 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
                                  f"{workloads.template_path(kind)}")
             out.append(Item(source, doc))
         else:
-            raise InputError(f"{source}: kind {kind!r} is not supported; give a Pod, a workload "
-                             f"({WORKLOADS}), a List of them or an AdmissionReview")
+            out.append(Item(source, doc, skipped=True))
     return out
+
+
+def _name(doc: dict[str, Any]) -> tuple[Any, Any]:
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    return meta.get("name") or meta.get("generateName"), meta.get("namespace")
+
+
+def skipped_line(item: Item) -> dict[str, Any]:
+    """What `-o json` prints for an object of a kind review does not judge."""
+    name, namespace = _name(item.doc)
+    return {"name": name, "namespace": namespace, "kind": item.doc["kind"], "skipped": True}
 
 
 def view_from(node_files: Iterable[str], config: Config) -> ClusterView:
@@ -122,15 +139,26 @@ def summary(pod: dict[str, Any], decision: Decision) -> dict[str, Any]:
     }
 
 
+JUDGED = f"Pods, workloads ({WORKLOADS}), Lists of them and AdmissionReviews"
+
+
 def run_review(files: list[str], node_files: list[str], config: Config, output: str = "text",
-               out: TextIO | None = None, err: TextIO | None = None) -> int:
+               out: TextIO | None = None, err: TextIO | None = None, strict: bool = False) -> int:
+    """Exit 0 when every judged object is allowed, 1 when one is denied, 2 on bad input (SPEC.md §7)."""
     out, err = out or sys.stdout, err or sys.stderr
     try:
         view = view_from(node_files, config)
         todo = items(read_documents(files))
         if not todo:
             raise InputError("no documents in the input")
-        results = [line(item, view, config) for item in todo]
+        skipped = [item for item in todo if item.skipped]
+        if strict and skipped:
+            first = skipped[0]
+            named = " ".join(str(part) for part in (first.doc["kind"], _name(first.doc)[0]) if part)
+            raise InputError(f"{first.source}: {named} is not judged "
+                             f"(--strict; {len(skipped)} such object{'s' if len(skipped) > 1 else ''}): review "
+                             f"judges {JUDGED}")
+        results = [(skipped_line(item), True) if item.skipped else line(item, view, config) for item in todo]
     except InputError as e:
         print(f"hami-mt-webhook review: {e}", file=err)
         return 2
@@ -139,10 +167,16 @@ def run_review(files: list[str], node_files: list[str], config: Config, output: 
             out.write(orjson.dumps(obj).decode() + "\n")
         else:
             out.write(_text(item, obj))
+    if any(item.doc["kind"] == "Node" for item in skipped):
+        print("hami-mt-webhook review: Node objects are not judged; give them with --nodes to use their "
+              "capacities", file=err)
     return 0 if all(ok for _, ok in results) else 1
 
 
 def _text(item: Item, obj: dict[str, Any]) -> str:
+    if obj.get("skipped"):
+        where = f"{obj['namespace']}/{obj['name']}" if obj["namespace"] else str(obj["name"])
+        return f"{str(obj['kind']).lower()} {where}: skipped\n"
     if "response" in obj:  # an AdmissionReview
         r = obj["response"]
         verdict = "allowed" if r["allowed"] else f"DENIED: {r['status']['message']}"

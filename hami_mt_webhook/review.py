@@ -21,6 +21,8 @@ Handler = Callable[[dict[str, Any], ClusterView, Config], Decision]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}
+#: The pod subresource `kubectl debug` writes to; reviewed on UPDATE by validate-pods.
+EPHEMERAL = "ephemeralcontainers"
 
 
 class BadReview(ValueError):
@@ -86,6 +88,17 @@ def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) 
     return workloads.check(obj, kind, view, config, old=old)
 
 
+def decide_validate(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+    """validate-pods: the final pod on CREATE, and new ephemeral containers on UPDATE of
+    pods/ephemeralcontainers (`kubectl debug`), which only the privilege rule judges (SPEC.md §4.3)."""
+    if request.get("operation") == "UPDATE" and request.get("subResource") == EPHEMERAL:
+        obj = request.get("object")
+        if obj is None:
+            return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
+        return rules.ephemeral(obj, request.get("oldObject"), config)
+    return decide(request, rules.validate, view, config)
+
+
 def _kind(request: dict[str, Any]) -> Any:
     """The request's kind, else its object's (hand-written reviews often leave `request.kind` out)."""
     kind = request.get("kind")
@@ -103,7 +116,7 @@ def _pods(rule: Rule) -> Handler:
 #: Handler ids; the webhook configurations call https://<service>/<id>.
 WEBHOOKS: dict[str, Handler] = {
     "mutate-pods": _pods(rules.mutate),
-    "validate-pods": _pods(rules.validate),
+    "validate-pods": decide_validate,
     "validate-workloads": decide_workload,
 }
 
@@ -157,6 +170,9 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> t
     request, uid = request_of(review)
     if _kind(request) in workloads.TEMPLATES:
         decision = decide_workload(request, view, config)
+        return respond(uid, decision, review.get("apiVersion")), decision
+    if request.get("subResource") == EPHEMERAL:
+        decision = decide_validate(request, view, config)
         return respond(uid, decision, review.get("apiVersion")), decision
     mutated = decide(request, rules.mutate, view, config)
     final = mutated

@@ -18,6 +18,10 @@ from .decision import Decision, Patch
 from .quantities import QuantityError, gib, listing, snap_up, valid_set, whole
 
 DEFAULT_SCHEDULER = "default-scheduler"
+#: A pod labelled so skips the mutating webhook (its objectSelector); the validating rules still apply (§4.8).
+IGNORE_LABEL = ("hami.io/webhook", "ignore")
+#: Denials name at most this many containers, then say how many more.
+NAMED = 3
 
 
 class Denied(Exception):
@@ -69,17 +73,73 @@ def validate(pod: Any, view: ClusterView, config: Config) -> Decision:
         _mixing(slots, config)
         if not any(s.asks for s in slots):
             return Decision(object=pod)
-        if (pod["spec"].get("schedulerName") or "") != config.scheduler_name:
+        scheduler = pod["spec"].get("schedulerName") or ""
+        if scheduler in ("", DEFAULT_SCHEDULER):
+            _unmutated(pod, slots, scheduler, config)
+        if scheduler != config.scheduler_name:
             return Decision(object=pod)
         again = _mutate(pod, view, config)
     except Denied as denial:
         return Decision.deny(denial.message, denial.reason, denial.code, obj=pod)
     if any("/resources" in op["path"] for op in again.patch):
         detail = "; ".join(_resource_changes(again, pod)) or "slice resources are not in their admitted form"
+        why = (f"The pod's {IGNORE_LABEL[0]}: {IGNORE_LABEL[1]} label skipped the mutation, so the values must be "
+               "written in their admitted form" if ignores_mutation(pod) else
+               "The pod was changed after hami-mt-webhook admitted it (another mutating webhook?)")
         return Decision.deny(
-            f"{detail}. The pod was changed after hami-mt-webhook admitted it (another mutating webhook?); "
-            "slice quantities must be whole, valid tiers, with requests equal to limits",
+            f"{detail}. {why}; slice quantities must be whole, valid tiers, with requests equal to limits",
             "changed-after-mutation", obj=pod)
+    return Decision(object=pod)
+
+
+def ignores_mutation(pod: Any) -> bool:
+    """§4.8: the pod's own `hami.io/webhook: ignore` label skips the mutating webhook, and nothing else."""
+    meta = pod.get("metadata") if isinstance(pod, dict) else None
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    key, value = IGNORE_LABEL
+    return isinstance(labels, dict) and labels.get(key) == value
+
+
+def _unmutated(pod: dict, slots: list[Slot], scheduler: str, config: Config) -> None:
+    """§4.8/§5: a pod with slices still on the default scheduler would run outside HAMi's accounting."""
+    first = next(s for s in slots if s.asks)
+    shown = scheduler or "unset"
+    if ignores_mutation(pod):
+        why = (f"its {IGNORE_LABEL[0]}: {IGNORE_LABEL[1]} label skips the mutation only; "
+               f"set spec.schedulerName: {config.scheduler_name}, or remove the label")
+    else:
+        why = (f"hami-mt-webhook did not mutate it (it would have set {config.scheduler_name}); "
+               f"set spec.schedulerName: {config.scheduler_name}")
+    raise Denied(f"{first.label} asks for sGPU slices but spec.schedulerName is {shown}: {why}", "unmutated")
+
+
+def ephemeral(pod: Any, old: Any, config: Config) -> Decision:
+    """§4.3 on UPDATE of pods/ephemeralcontainers: a new privileged ephemeral container sees every card.
+
+    Only the ephemeral containers absent from the old object are judged, and only by the privilege
+    rule: a running pod's nodeName and bind-time annotations are expected here.
+    """
+    try:
+        slots = _slots(pod, config)
+        if not any(s.asks for s in slots):
+            return Decision(object=pod)
+        items = pod["spec"].get("ephemeralContainers") or []
+        if not isinstance(items, list):
+            raise Denied("spec.ephemeralContainers must be a list", "malformed", 400)
+        old_spec = old.get("spec") if isinstance(old, dict) else None
+        before = (old_spec.get("ephemeralContainers") if isinstance(old_spec, dict) else None) or []
+        known = {c.get("name") for c in before if isinstance(c, dict)} if isinstance(before, list) else set()
+        for index, container in enumerate(items):
+            if not isinstance(container, dict) or container.get("name") in known:
+                continue
+            security = container.get("securityContext")
+            if isinstance(security, dict) and security.get("privileged") is True:
+                label = _label("ephemeralContainers", index, container)
+                raise Denied(f"{label} is privileged, and a privileged container sees every card, so it cannot "
+                             "join a pod with sGPU slices; remove securityContext.privileged (kubectl debug: "
+                             "--profile=general instead of sysadmin)", "privileged")
+    except Denied as denial:
+        return Decision.deny(denial.message, denial.reason, denial.code, obj=pod)
     return Decision(object=pod)
 
 
@@ -88,6 +148,8 @@ def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
 
     Lives here, beside the two rules, so the workload check can use it without importing review.
     """
+    if ignores_mutation(pod):  # the API server calls only the validating webhook for such a pod
+        return validate(_defaulted(pod), view, config)
     mutated = mutate(pod, view, config)
     if not mutated.allowed:
         return mutated
@@ -97,6 +159,28 @@ def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
         return checked
     mutated.warnings += checked.warnings
     return mutated
+
+
+def _defaulted(pod: Any) -> Any:
+    """The pod as the API server defaults it before admission: the default scheduler when none is named, and
+    a resource in limits but not in requests requested at its limit. Files given to `review` are before it."""
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict):
+        return pod
+    patch = Patch(pod)
+    if not spec.get("schedulerName"):
+        patch.set(("spec", "schedulerName"), DEFAULT_SCHEDULER)
+    for group in ("initContainers", "containers"):
+        items = spec.get(group)
+        for index, container in enumerate(items if isinstance(items, list) else []):
+            resources = container.get("resources") if isinstance(container, dict) else None
+            limits = resources.get("limits") if isinstance(resources, dict) else None
+            requests = resources.get("requests") if isinstance(resources, dict) else None
+            if isinstance(limits, dict) and (requests is None or isinstance(requests, dict)):
+                missing = {k: v for k, v in limits.items() if k not in (requests or {})}
+                if missing:
+                    patch.update(("spec", group, index, "resources", "requests"), missing)
+    return patch.result
 
 
 def _resource_changes(decision: Decision, pod: Any) -> list[str]:
@@ -151,9 +235,13 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     return Decision(warnings=warnings, patch=patch.ops, object=patch.result, mutations=mutations)
 
 
+#: How messages call a container of each list of the pod spec.
+_KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
+
+
 def _label(group: str, index: int, container: Any) -> str:
     name = container.get("name") if isinstance(container, dict) else None
-    kind = "init container" if group == "initContainers" else "container"
+    kind = _KINDS.get(group, "container")
     return f'{kind} "{name}"' if isinstance(name, str) and name else f"{kind} #{index}"
 
 
@@ -260,7 +348,7 @@ def _expected(resource: str, config: Config) -> str:
         return "a whole number of cards, 1 or more"
     if resource == config.core:
         return f"a whole number of sixteenths of a card, 1 to {CORES_PER_CARD}"
-    return "a whole number of 512 MiB units, e.g. 32 for 16 GiB"
+    return "a positive whole number of 512 MiB units, e.g. 32 for 16 GiB"
 
 
 def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str], mutations: list[str]) -> None:
@@ -321,7 +409,8 @@ def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str
             raise Denied(f"{slot.label}: {config.memory} {m} ({gib(m)}) is more than the largest card, "
                          f"{largest} ({gib(largest)}); valid values: {listing(valid)}", "capacity")
         warnings.append(f"{slot.label}: {config.memory} {m} ({gib(m)}) snapped up to {tier} ({gib(tier)}), "
-                        f"the next valid tier ({listing(valid)})")
+                        f"the next valid tier ({listing(valid)}); write {tier} in the manifest: a pod's "
+                        f"resources cannot change, so re-applying a pod manifest that says {m} fails")
         mutations.append("snap")
         m = tier
     if k is None:
@@ -344,7 +433,7 @@ def _one_card(slots: list[Slot], cands: Candidates, config: Config) -> None:
     sharing = [s for s in slots if s.asks]
     if len(sharing) < 2:
         return
-    names = ", ".join(s.label for s in sharing)
+    names = _names(sharing)
     for slot in sharing:
         if slot.cards > 1:
             raise Denied(f"{names} ask for slices and share one card, so none may take {config.vgpu} "
@@ -354,13 +443,20 @@ def _one_card(slots: list[Slot], cands: Candidates, config: Config) -> None:
     memory = sum(s.target.get(config.memory, 0) for s in together)
     cores = sum(s.target.get(config.core, 0) for s in together)
     if memory > largest:
-        raise Denied(f"{', '.join(s.label for s in together)} share one card but ask for {config.memory} "
+        raise Denied(f"{_names(together)} share one card but ask for {config.memory} "
                      f"{memory} ({gib(memory)}) together, more than the largest card, {largest} ({gib(largest)}); "
                      "lower their sgpu-memory or split them into pods", "one-card")
     if cores > CORES_PER_CARD:
-        raise Denied(f"{', '.join(s.label for s in together)} share one card but ask for {config.core} {cores} "
+        raise Denied(f"{_names(together)} share one card but ask for {config.core} {cores} "
                      f"together, more than the {CORES_PER_CARD} of one card; lower their {config.core} "
                      "or split them into pods", "one-card")
+
+
+def _names(slots: list[Slot]) -> str:
+    """The containers' labels, the first NAMED of a long list and how many more (a denial stays readable)."""
+    if len(slots) <= NAMED + 1:  # "and 1 more" would save nothing
+        return ", ".join(s.label for s in slots)
+    return f"{', '.join(s.label for s in slots[:NAMED])} and {len(slots) - NAMED} more containers"
 
 
 def _write(patch: Patch, slot: Slot) -> None:

@@ -22,12 +22,10 @@ TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
     "StatefulSet": ("apps", ("spec", "template")),
     "DaemonSet": ("apps", ("spec", "template")),
     "ReplicaSet": ("apps", ("spec", "template")),
+    "ReplicationController": ("", ("spec", "template")),
     "Job": ("batch", ("spec", "template")),
     "CronJob": ("batch", ("spec", "jobTemplate", "spec", "template")),
 }
-
-#: Pods labelled so are skipped by the pod webhooks' objectSelector, so their templates are not judged either.
-IGNORE_LABEL = ("hami.io/webhook", "ignore")
 
 
 def template_path(kind: str) -> str:
@@ -72,12 +70,6 @@ def pod_of(workload: Any, kind: str) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def _ignored(pod: dict[str, Any]) -> bool:
-    labels = pod["metadata"].get("labels")
-    key, value = IGNORE_LABEL
-    return isinstance(labels, Mapping) and labels.get(key) == value
-
-
 def check(workload: Any, kind: str, view: ClusterView, config: Config, old: Any = None) -> Decision:
     """The validate-workloads answer: deny what pod creation would deny, warn what it would change.
 
@@ -89,9 +81,7 @@ def check(workload: Any, kind: str, view: ClusterView, config: Config, old: Any 
     pod = pod_of(workload, kind)
     if pod is None:
         return Decision.deny(f"{name} has no pod template at {template_path(kind)}", "malformed", 400, obj=workload)
-    if _ignored(pod):
-        return Decision(object=workload)
-    decision = rules.admit(pod, view, config)
+    decision = rules.admit(pod, view, config)  # a template labelled hami.io/webhook: ignore gets validation only
     if old is not None and template(old, kind) == template(workload, kind):
         if decision.allowed or decision.reason == "not-ready":
             return Decision(object=workload)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -106,6 +107,18 @@ async def webhook_server(serve_webhook) -> AsyncIterator[Running]:
     """The webhook on 127.0.0.1 with the S4000/S5000 view; yields (url, ca_path, state)."""
     async with serve_webhook() as running:
         yield running
+
+
+def _interrupt(signum: int, _frame: Any) -> None:
+    raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run ended by SIGTERM or a closed terminal (SIGHUP) unwinds like Ctrl-C: session fixtures stop the
+    webhook and the control plane, and their work dirs are removed. (SIGKILL cannot be caught; the children
+    then die with the run through PR_SET_PDEATHSIG, and only the work dir is left.)"""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _interrupt)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

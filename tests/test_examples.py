@@ -66,6 +66,7 @@ def test_examples_cover_every_rule() -> None:
         "share one card but ask for",  # two containers over one card
         "spec.nodeName",  # nodeName
         "is privileged",  # privileged
+        "label skips the mutation only",  # a pod's own ignore label (4.8)
         "is a byte size",  # quantities
         "differ; set them to the same value",  # limits != requests
         "written by hami-scheduler when it binds",  # bind-time annotations

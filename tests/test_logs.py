@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import re
 import ssl
+from pathlib import Path
 
 import aiohttp
 from helpers import MEMORY, VGPU, WHOLE, container, make_pod, review_body
 
+from hami_mt_webhook import server
+from hami_mt_webhook.decision import Decision
 from hami_mt_webhook.logs import JsonLines
+
+OPERATING = Path(__file__).resolve().parents[1] / "docs" / "operating.md"
 
 
 async def post(url: str, ca_path, body: dict) -> dict:
@@ -78,3 +85,30 @@ def test_lines_are_flushed_on_a_timer_and_errors_at_once():
     finally:
         log.removeHandler(handler)
         handler.close()
+
+
+def _documented_fields() -> set[str]:
+    """The fields in the table of operating.md's Logs section (first column, backticked)."""
+    section = OPERATING.read_text().split("\n## Logs", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    return {name for row in rows for name in re.findall(r"`([a-z_]+)`", row)}
+
+
+def test_operating_md_names_the_fields_the_log_lines_have():
+    request = review_body(make_pod(container(limits={VGPU: 1}), name="p", namespace="ns"))["request"]
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonLines())
+    logger = logging.getLogger("hami_mt_webhook")
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        server._log("mutate-pods", request, Decision.deny("no", "mixing"))
+        server._log("mutate-pods", request, Decision(patch=[{"op": "add"}], warnings=["w"], mutations=["snap"]))
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    denied, mutated = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert denied["object"] == "p" and denied["namespace"] == "ns" and denied["kind"] == "Pod"
+    assert _documented_fields() == set(denied) | set(mutated)

@@ -35,6 +35,8 @@ CONFIGS = {
 WORKLOAD_RULES = [
     {"operations": ["CREATE", "UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"],
      "resources": ["deployments", "statefulsets", "daemonsets", "replicasets"], "scope": "Namespaced"},
+    {"operations": ["CREATE", "UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+     "resources": ["replicationcontrollers"], "scope": "Namespaced"},
     {"operations": ["CREATE", "UPDATE"], "apiGroups": ["batch"], "apiVersions": ["v1"],
      "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
 ]
@@ -46,6 +48,10 @@ NAMESPACE_SELECTOR = {
 }
 OBJECT_SELECTOR = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
 POD_RULE = {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "*"}
+EPHEMERAL_RULE = {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                  "resources": ["pods/ephemeralcontainers"], "scope": "*"}
+#: What each pod webhook is sent: the validating one also judges `kubectl debug`'s ephemeral containers.
+POD_RULES = {"MutatingWebhookConfiguration": [POD_RULE], "ValidatingWebhookConfiguration": [POD_RULE, EPHEMERAL_RULE]}
 CA_PEM = b"-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="no kubectl on PATH")
@@ -147,18 +153,20 @@ def test_webhook_configuration(docs: list[dict[str, Any]], kind: str) -> None:
     name, path = HOOKS[kind]
     assert hook["name"] == name
     assert hook["clientConfig"] == {"service": {"namespace": NS, "name": NAME, "port": 443, "path": path}}
-    assert hook["rules"] == [POD_RULE]
+    assert hook["rules"] == POD_RULES[kind]
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["sideEffects"] == "None"
     assert hook["timeoutSeconds"] == 3
     assert hook["failurePolicy"] == "Fail"
     assert hook["matchPolicy"] == "Equivalent"
     assert hook["namespaceSelector"] == NAMESPACE_SELECTOR
-    assert hook["objectSelector"] == OBJECT_SELECTOR
     if kind == "MutatingWebhookConfiguration":
         assert hook["reinvocationPolicy"] == "IfNeeded"
+        # SPEC 4.8: a pod's own ignore label skips the mutation, and only the mutation.
+        assert hook["objectSelector"] == OBJECT_SELECTOR
     else:
         assert "reinvocationPolicy" not in hook  # not a field of validating webhooks
+        assert "objectSelector" not in hook
     (condition,) = hook["matchConditions"]
     assert condition["name"] and condition["expression"] == match_condition(docs)
 
@@ -178,7 +186,9 @@ def test_match_condition_text_guards_every_optional_field(docs: list[dict[str, A
     for guard in ("has(object.spec.containers)", "has(object.spec.initContainers)", "has(c.resources)",
                   "has(c.resources.limits)", "has(c.resources.requests)"):  # fmt: skip
         assert guard in text
-    assert text.count("startsWith('mthreads.com/')") == 2
+    slices = "[" + ", ".join(f"'{name}'" for name in SLICES) + "]"
+    assert text.count(f"exists(r, r in {slices})") == 2
+    assert WHOLE not in text and "startsWith" not in text  # a whole-card-only pod is never sent
 
 
 def test_every_handler_has_a_configuration_and_every_path_a_handler(docs: list[dict[str, Any]]) -> None:
@@ -198,9 +208,9 @@ def test_workload_webhook_configuration(docs: list[dict[str, Any]]) -> None:
     assert hook["name"] == name
     assert hook["clientConfig"] == {"service": {"namespace": NS, "name": NAME, "port": 443, "path": path}}
     assert hook["rules"] == WORKLOAD_RULES
-    for field in ("admissionReviewVersions", "sideEffects", "timeoutSeconds", "matchPolicy", "namespaceSelector",
-                  "objectSelector"):
+    for field in ("admissionReviewVersions", "sideEffects", "timeoutSeconds", "matchPolicy", "namespaceSelector"):
         assert hook[field] == pods[field], field
+    assert "objectSelector" not in hook  # a workload's own label does not skip the check (SPEC 4.8)
     # Advisory: pods are checked again by the Fail webhooks, so an outage here must not block rollouts.
     assert hook["failurePolicy"] == "Ignore"
     assert "reinvocationPolicy" not in hook
@@ -256,8 +266,8 @@ SENT = {
     "second-container": pod(container("a"), container("b", limits={"cpu": "1", "mthreads.com/sgpu-core": "4"})),
     "init-container": pod(container("a"), init=[container("i", limits={"mthreads.com/vgpu": "1"})]),
     "sidecar-requests": pod(container("a", limits={}), init=[container("s", requests={"mthreads.com/vgpu": "1"})]),
-    "whole-card": pod(container("a", limits={WHOLE: "1"})),
     "mixed": pod(container("a", limits={WHOLE: "1", "mthreads.com/vgpu": "1"})),
+    "mixed-requests": pod(container("a", limits={WHOLE: "1"}, requests={"mthreads.com/sgpu-core": "4"})),
 }
 NOT_SENT = {
     "no-resources": pod(container("a")),
@@ -267,6 +277,11 @@ NOT_SENT = {
     "empty-init": pod(container("a", limits={"cpu": "1"}), init=[]),
     "init-without-resources": pod(container("a"), init=[container("i")]),
     "other-vendor-gpu": pod(container("a", limits={"nvidia.com/gpu": "1"})),
+    # Whole cards only: the webhook never changes such a pod, so an outage must not block it.
+    "whole-card": pod(container("a", limits={WHOLE: "1"})),
+    "whole-card-requests": pod(container("a", limits={WHOLE: "2"}, requests={WHOLE: "2"})),
+    "whole-card-init": pod(container("a"), init=[container("i", limits={WHOLE: "1"})]),
+    "other-mthreads-resource": pod(container("a", limits={"mthreads.com/something-else": "1"})),
     "no-containers": {"apiVersion": "v1", "kind": "Pod", "spec": {}},
 }
 
@@ -368,10 +383,18 @@ def backstop(docs: list[dict[str, Any]], cel: Any, obj: dict[str, Any]) -> list[
     ]
 
 
+def labelled(obj: dict[str, Any]) -> dict[str, Any]:
+    """`obj` with the pod's own `hami.io/webhook: ignore` label, which skips the mutation only."""
+    obj["metadata"]["labels"] = {"app": "x", "hami.io/webhook": "ignore"}
+    return obj
+
+
 ADMITTED = {
     "mutated-by-webhook": pod(container("a", limits={"mthreads.com/vgpu": "1"}), scheduler="hami-scheduler"),
     "other-scheduler": pod(container("a", limits={"mthreads.com/vgpu": "1"}), scheduler="volcano"),
     "whole-card-default-scheduler": pod(container("a", limits={WHOLE: "2"}), scheduler="default-scheduler"),
+    "ignore-labelled-on-hami-scheduler": labelled(
+        pod(container("a", limits={"mthreads.com/vgpu": "1"}), scheduler="hami-scheduler")),
     "mixed-across-containers": pod(
         container("a", limits={WHOLE: "1"}),
         container("b", limits={"mthreads.com/vgpu": "1"}),
@@ -396,17 +419,26 @@ DENIED = {
     ),
     "webhook-skipped": (
         pod(container("a"), container("gpu", limits={"mthreads.com/vgpu": "1"}), scheduler="default-scheduler"),
-        ["container gpu asks for sGPU slices but spec.schedulerName is default-scheduler: "
+        ['container "gpu" asks for sGPU slices but spec.schedulerName is default-scheduler: '
          "the hami-mt-webhook did not run"],
     ),
     "webhook-skipped-init": (
         pod(container("a"), init=[container("side", requests={"mthreads.com/sgpu-memory": "4"})]),
-        ["container side asks for sGPU slices but spec.schedulerName is unset"],
+        ['container "side" asks for sGPU slices but spec.schedulerName is unset'],
     ),
     "empty-scheduler": (pod(container("a", limits={"mthreads.com/vgpu": "1"}), scheduler=""), ["is unset"]),
+    "ignore-labelled": (
+        labelled(pod(container("a", limits={"mthreads.com/vgpu": "1"}), scheduler="default-scheduler")),
+        ['container "a" asks for sGPU slices but spec.schedulerName is default-scheduler: its hami.io/webhook: '
+         "ignore label skips the mutation only; set spec.schedulerName: hami-scheduler, or remove the label"],
+    ),
+    "ignore-labelled-mixed": (
+        labelled(pod(container("m", limits={WHOLE: "1", "mthreads.com/vgpu": "1"}), scheduler="hami-scheduler")),
+        ["container m mixes"],
+    ),
     "mixed-and-skipped": (
         pod(container("m", limits={WHOLE: "1", "mthreads.com/vgpu": "1"}), scheduler="default-scheduler"),
-        ["container m mixes", "container m asks for sGPU slices"],
+        ["container m mixes", 'container "m" asks for sGPU slices'],
     ),
 }  # fmt: skip
 
@@ -435,7 +467,7 @@ def test_backstop_policy_and_binding(docs: list[dict[str, Any]]) -> None:
     constraints = spec["matchConstraints"]
     assert constraints["resourceRules"] == [POD_RULE]
     assert constraints["namespaceSelector"] == NAMESPACE_SELECTOR
-    assert constraints["objectSelector"] == OBJECT_SELECTOR
+    assert "objectSelector" not in constraints  # a pod's own ignore label does not skip it (SPEC 4.8)
     assert all(v["messageExpression"] and v["reason"] == "Forbidden" for v in spec["validations"])
     assert "'default-scheduler'" in spec["validations"][1]["expression"]
     assert all(f"'{name}'" in yaml.safe_dump(spec["variables"]) for name in (*SLICES, WHOLE))

@@ -185,8 +185,9 @@ def test_admission_review_input_is_answered_exactly_like_the_server(tmp_path, ca
 
 # --- bad input: exit 2 and one clear line --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("case", ["missing file", "not yaml", "binary", "deployment", "node as pod", "scalar",
-                                  "empty", "pod as node", "bad memory-per-card", "review without uid"])
+@pytest.mark.parametrize("case", ["missing file", "not yaml", "binary", "deployment", "node under --strict", "scalar",
+                                  "empty", "pod as node", "bad memory-per-card", "review without uid", "no kind",
+                                  "null kind"])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     pod = str(EXAMPLES / "slice-pod.yaml")
     args = {
@@ -194,7 +195,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
         "not yaml": ["-f", str(_file(tmp_path, "bad.yaml", "kind: Pod\nspec: [unclosed\n"))],
         "binary": ["-f", str(_file(tmp_path, "bin.yaml", b"\xff\xfe\x00\x01"))],
         "deployment": ["-f", str(_file(tmp_path, "d.yaml", "apiVersion: apps/v1\nkind: Deployment\n"))],
-        "node as pod": ["-f", str(NODES)],
+        "node under --strict": ["-f", str(NODES), "--strict"],
+        "no kind": ["-f", str(_file(tmp_path, "k.yaml", "apiVersion: v1\nmetadata: {name: x}\n"))],
+        "null kind": ["-f", str(_file(tmp_path, "k.yaml", "apiVersion: v1\nkind: null\nmetadata: {name: x}\n"))],
         "scalar": ["-f", str(_file(tmp_path, "s.yaml", "just a string\n"))],
         "empty": ["-f", str(_file(tmp_path, "e.yaml", "---\n"))],
         "pod as node": ["-f", pod, "--nodes", pod],
@@ -208,6 +211,56 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     assert err.endswith("\n") and err.count("\n") == 1, err
     assert err.startswith("hami-mt-webhook")
     assert "Traceback" not in err
+    assert "None" not in err
+
+
+# --- kinds review does not judge: skipped, listed, and an error only under --strict (SPEC.md §7) ----------------
+
+CONFIG_MAP = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings", "namespace": "ml"}}
+NODE = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}}
+
+
+def test_other_kinds_are_skipped_and_listed_and_the_exit_is_by_what_was_judged(tmp_path, capsys):
+    good = make_pod(container("a", limits={VGPU: 1, MEMORY: 32}), name="good")
+    bad = make_pod(container("b", limits={VGPU: 1, WHOLE: 1}), name="bad")
+    path = write(tmp_path, "mix.yaml", CONFIG_MAP, good, {"apiVersion": "v1", "kind": "ServiceList",
+                                                          "items": [{"kind": "Service", "metadata": {"name": "s"}}]})
+    code, lines, err = run(capsys, "-f", path)
+    assert code == 0 and err == ""
+    assert lines[0] == {"name": "settings", "namespace": "ml", "kind": "ConfigMap", "skipped": True}
+    assert lines[1]["allowed"] is True and set(lines[1]) == KEYS
+    assert lines[2] == {"name": "s", "namespace": None, "kind": "Service", "skipped": True}
+    code, lines, _ = run(capsys, "-f", write(tmp_path, "bad.yaml", CONFIG_MAP, bad))
+    assert code == 1 and [line.get("skipped", False) for line in lines] == [True, False]
+
+
+def test_skipped_objects_in_text(tmp_path, capsys):
+    path = write(tmp_path, "mix.yaml", CONFIG_MAP, NODE)
+    code = cli.main(["review", "-f", path])
+    out, err = capsys.readouterr()
+    assert code == 0
+    assert out == "configmap ml/settings: skipped\nnode n1: skipped\n"
+    # Nodes are what --nodes reads: say so, once, on stderr.
+    assert err == ("hami-mt-webhook review: Node objects are not judged; give them with --nodes to use their "
+                   "capacities\n")
+
+
+def test_strict_makes_a_skipped_kind_bad_input(tmp_path, capsys):
+    path = write(tmp_path, "mix.yaml", make_pod(container("a", limits={VGPU: 1, MEMORY: 32})), CONFIG_MAP)
+    code = cli.main(["review", "-f", path, "--strict"])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == ""
+    assert err == (f"hami-mt-webhook review: {path}#2: ConfigMap settings is not judged (--strict; 1 such object): "
+                   f"review judges {offline.JUDGED}\n")
+
+
+def test_a_replication_controller_is_a_workload(tmp_path, capsys):
+    rc = {"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "old"},
+          "spec": {"replicas": 1, "template": {"metadata": {"labels": {"app": "x"}},
+                                                "spec": {"containers": [container("m", limits={WHOLE: 1, VGPU: 1})]}}}}
+    code, [line], _ = run(capsys, "-f", write(tmp_path, "rc.yaml", rc))
+    assert code == 1 and line["allowed"] is False and line["patch"] == []
+    assert line["message"].startswith('ReplicationController "old": container "m" asks for mthreads.com/gpu')
 
 
 def _file(tmp_path: Path, name: str, content: str | bytes) -> Path:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import copy
 
 import jsonpatch
+import orjson
 import pytest
 from helpers import container as ctr
-from helpers import make_pod
+from helpers import make_pod, review_body
 
+from hami_mt_webhook import review
 from hami_mt_webhook.capacity import ClusterView, NodeReport
 from hami_mt_webhook.config import Config
-from hami_mt_webhook.rules import mutate, validate
+from hami_mt_webhook.rules import admit, ephemeral, mutate, validate
 
 V, M, K, G = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core", "mthreads.com/gpu"
 S4 = {"mthreads.com/gpu.product": "MTT-S4000"}
@@ -106,7 +108,7 @@ def test_mixing_is_denied_even_for_another_scheduler():
 @pytest.mark.parametrize(("resource", "value", "expect"), [
     (V, "1.5", 'mthreads.com/vgpu limit "1.5" is not a whole number; use a whole number of cards, 1 or more'),
     (V, "500m", 'limit "500m" is not a whole number'),
-    (M, "abc", 'mthreads.com/sgpu-memory limit "abc" is not a quantity; use a whole number of 512 MiB units'),
+    (M, "abc", 'mthreads.com/sgpu-memory limit "abc" is not a quantity; use a positive whole number of 512 MiB units'),
     (K, "2.5", 'mthreads.com/sgpu-core limit "2.5" is not a whole number; use a whole number of sixteenths of a '
                'card, 1 to 16'),
     (M, "1e30", "far too large"),
@@ -122,7 +124,7 @@ def test_non_whole_quantities_are_denied(resource, value, expect):
 @pytest.mark.parametrize(("resource", "value", "expect"), [
     (V, "0", 'mthreads.com/vgpu 0 is not valid: use a whole number of cards, 1 or more'),
     (V, "-1", 'mthreads.com/vgpu -1 is not valid'),
-    (M, "0", 'mthreads.com/sgpu-memory 0 is not valid: use a whole number of 512 MiB units'),
+    (M, "0", 'mthreads.com/sgpu-memory 0 is not valid: use a positive whole number of 512 MiB units'),
     (K, "0", 'mthreads.com/sgpu-core 0 is not valid: use a whole number of sixteenths of a card, 1 to 16'),
 ])
 def test_quantities_below_one_are_denied(resource, value, expect):
@@ -450,3 +452,83 @@ def test_validation_never_mutates():
     body = pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName="hami-scheduler")
     d = validate(body, VIEW, CFG)
     assert d.allowed and d.patch == [] and d.warnings == []
+
+
+# §4.8 and §5: slice pods left on the default scheduler; the pod's own ignore label -------------------------------
+
+IGNORE = {"hami.io/webhook": "ignore"}
+
+
+@pytest.mark.parametrize(("scheduler", "shown"), [("default-scheduler", "default-scheduler"), ("", "unset")])
+def test_validation_denies_slices_left_on_the_default_scheduler(scheduler, shown):
+    d = validate(pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName=scheduler), VIEW, CFG)
+    assert not d.allowed and d.reason == "unmutated"
+    assert d.message == (f'container "c" asks for sGPU slices but spec.schedulerName is {shown}: hami-mt-webhook did '
+                         "not mutate it (it would have set hami-scheduler); set spec.schedulerName: hami-scheduler")
+
+
+def test_a_labelled_pod_is_told_what_its_label_does():
+    body = make_pod(ctr("c", {V: "1", M: "32"}), labels=IGNORE)
+    d = validate(body, VIEW, CFG)
+    assert not d.allowed and "its hami.io/webhook: ignore label skips the mutation only" in d.message
+    body = make_pod(ctr("c", {V: "1", M: "20", K: "4"}), labels=IGNORE, schedulerName="hami-scheduler")
+    d = validate(body, VIEW, CFG)
+    assert not d.allowed and "The pod's hami.io/webhook: ignore label skipped the mutation" in d.message
+
+
+def test_admit_skips_the_mutation_of_a_labelled_pod_as_the_api_server_does():
+    body = make_pod(ctr("c", {V: "1", M: "32"}), labels=IGNORE, schedulerName="hami-scheduler", defaults=False)
+    d = admit(body, VIEW, CFG)
+    assert d.allowed and d.patch == [] and d.warnings == []  # not filled: the mutation did not run
+    mixed = make_pod(ctr("c", {V: "1", G: "1"}), labels=IGNORE, schedulerName="hami-scheduler")
+    assert admit(mixed, VIEW, CFG).reason == "mixing"
+
+
+# §4.3: ephemeral containers added to a running pod (kubectl debug) -----------------------------------------------
+
+def running(*ephemeral_containers: dict) -> dict:
+    """A bound slice pod, as the API server presents it on UPDATE of pods/ephemeralcontainers."""
+    body = pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName="hami-scheduler", nodeName="s5000-node",
+               annotations={"mthreads.com/predicate-node": "s5000-node"})
+    body["spec"]["ephemeralContainers"] = list(ephemeral_containers)
+    return body
+
+
+DEBUG = {"name": "debugger", "image": "busybox", "targetContainerName": "c"}
+ROOT = {**DEBUG, "name": "root", "securityContext": {"privileged": True}}
+
+
+def test_a_new_privileged_ephemeral_container_is_denied():
+    d = ephemeral(running(ROOT), running(), CFG)
+    assert not d.allowed and d.code == 403 and d.reason == "privileged"
+    assert d.message == ('ephemeral container "root" is privileged, and a privileged container sees every card, so it '
+                         "cannot join a pod with sGPU slices; remove securityContext.privileged (kubectl debug: "
+                         "--profile=general instead of sysadmin)")
+
+
+def test_only_new_ephemeral_containers_are_judged_and_only_for_privilege():
+    assert ephemeral(running(DEBUG), running(), CFG).allowed  # nodeName and bind annotations are expected here
+    assert ephemeral(running(ROOT, DEBUG), running(ROOT), CFG).allowed  # already there before this webhook
+    plain = make_pod(ctr("c", {"cpu": "1"}))
+    plain["spec"]["ephemeralContainers"] = [ROOT]
+    assert ephemeral(plain, None, CFG).allowed  # no slices: not our business
+
+
+def test_the_validating_webhook_reviews_the_ephemeralcontainers_subresource():
+    body = review_body(running(ROOT), operation="UPDATE", old=running())
+    body["request"]["subResource"] = "ephemeralcontainers"
+    reply = review.handle(orjson.dumps(body), "validate-pods", VIEW, CFG)
+    assert reply.status == 200 and reply.decision is not None and not reply.decision.allowed
+    assert review.handle(orjson.dumps(body), "mutate-pods", VIEW, CFG).decision.allowed
+    body["request"]["object"]["spec"]["ephemeralContainers"] = [DEBUG]
+    assert review.handle(orjson.dumps(body), "validate-pods", VIEW, CFG).decision.allowed
+
+
+# long lists stay readable ----------------------------------------------------------------------------------------
+
+def test_a_denial_names_at_most_three_containers_and_counts_the_rest():
+    body = pod(*(ctr(f"w{i}", {V: "1", M: "8", K: "1"}) for i in range(30)), nodeSelector=S4)
+    d = denied(body)
+    assert d.message.startswith('container "w0", container "w1", container "w2" and 27 more containers share one '
+                                "card but ask for mthreads.com/sgpu-memory 240")
+    assert "w3" not in d.message

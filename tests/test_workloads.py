@@ -178,7 +178,9 @@ def test_changes_pod_creation_will_make_are_warnings(kind):
     decision = workloads.check(_workload_for("snap", kind), kind, nodes_view(), CONFIG)
     assert decision.allowed and decision.patch == []
     assert decision.warnings == [f'{kind} "train": container "main": mthreads.com/sgpu-memory 20 (10 GiB) snapped '
-                                 "up to 32 (16 GiB), the next valid tier (2, 4, 8, 16, 32, 64, 96, 128, 160)"]
+                                 "up to 32 (16 GiB), the next valid tier (2, 4, 8, 16, 32, 64, 96, 128, 160); "
+                                 "write 32 in the manifest: a pod's resources cannot change, so re-applying a pod "
+                                 "manifest that says 20 fails"]
 
 
 def test_the_scheduler_rewrite_alone_is_silent():
@@ -186,9 +188,21 @@ def test_the_scheduler_rewrite_alone_is_silent():
     assert decision.allowed and decision.warnings == []
 
 
-def test_templates_whose_pods_skip_the_webhook_are_not_judged():
-    obj = workload("Deployment", copy.deepcopy(SPECS["mixed"]), labels={"hami.io/webhook": "ignore"})
+def test_templates_whose_pods_skip_the_mutation_are_still_validated():
+    """SPEC 4.8: the pods' own ignore label skips the mutation only; mixing and default-scheduler are denied."""
+    ignore = {"hami.io/webhook": "ignore"}
+    obj = workload("Deployment", copy.deepcopy(SPECS["mixed"]), labels=ignore)
     decision = workloads.check(obj, "Deployment", nodes_view(), CONFIG)
+    assert not decision.allowed and "(whole cards, outside HAMi)" in decision.message
+    obj = workload("Deployment", copy.deepcopy(SPECS["snap"]), labels=ignore)
+    decision = workloads.check(obj, "Deployment", nodes_view(), CONFIG)
+    assert not decision.allowed and decision.reason == "unmutated"
+    assert decision.message == ('Deployment "train": container "main" asks for sGPU slices but spec.schedulerName is '
+                                "default-scheduler: its hami.io/webhook: ignore label skips the mutation only; "
+                                "set spec.schedulerName: hami-scheduler, or remove the label")
+    spec = copy.deepcopy(SPECS["slice"])
+    spec["schedulerName"] = "hami-scheduler"
+    decision = workloads.check(workload("Deployment", spec, labels=ignore), "Deployment", nodes_view(), CONFIG)
     assert decision.allowed and decision.warnings == []
 
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -61,3 +63,19 @@ def metric(hook: Any, name: str, /, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def processes_mentioning(path: Path) -> list[int]:
+    """Pids whose command line names `path`: our children pass their work dir in their flags.
+
+    Zombies have an empty command line, so a dead child not yet reaped does not count; nor does this process.
+    """
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and int(proc.name) != os.getpid() and \
+                    str(path).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found

@@ -14,6 +14,8 @@ import pytest
 
 from hami_mt_webhook.controlplane import ControlPlane, ControlPlaneError
 
+from .support import processes_mentioning
+
 SGPU_CAPACITY = {"mthreads.com/sgpu-core": "16", "mthreads.com/sgpu-memory": "96"}
 
 
@@ -23,21 +25,6 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def _processes_mentioning(path: Path) -> list[int]:
-    """Pids whose command line names `path`: our children pass their work dir in their flags.
-
-    Zombies have an empty command line, so a dead child not yet reaped does not count.
-    """
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit() and str(path).encode() in (proc / "cmdline").read_bytes():
-                found.append(int(proc.name))
-        except OSError:
-            pass
-    return found
 
 
 def test_server_is_the_pinned_version(controlplane: ControlPlane) -> None:
@@ -95,7 +82,7 @@ def test_stop_leaves_no_processes_and_no_files() -> None:
     finally:
         cp.stop()
     assert not [name for name, pid in pids.items() if _alive(pid)]
-    assert _processes_mentioning(workdir) == []
+    assert processes_mentioning(workdir) == []
     assert not workdir.exists()
     cp.stop()  # idempotent
 
@@ -105,7 +92,7 @@ def test_failed_start_cleans_up_and_shows_the_log(tmp_path: Path) -> None:
     with pytest.raises(ControlPlaneError, match="kube-apiserver exited") as info:
         cp.start()
     assert "no-such-flag" in str(info.value)  # the tail of the apiserver log
-    assert _processes_mentioning(tmp_path) == []  # etcd had started; it must be gone too
+    assert processes_mentioning(tmp_path) == []  # etcd had started; it must be gone too
     assert list(tmp_path.iterdir()) == []  # the work dir inside it is gone
 
 
@@ -124,6 +111,6 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     assert proc.returncode == -9, proc.stderr
     assert set(json.loads(proc.stdout)) == {"etcd", "kube-apiserver"}
     deadline = time.monotonic() + 10
-    while left := _processes_mentioning(tmp_path):
+    while left := processes_mentioning(tmp_path):
         assert time.monotonic() < deadline, f"still running after the parent died: {left}"
         time.sleep(0.1)

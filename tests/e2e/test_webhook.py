@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+import yaml
 
 from .support import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, apply, exists, metric, pod, resources, stored
 
@@ -75,9 +78,8 @@ def test_pods_without_slices_are_untouched_and_never_sent(controlplane, ns, webh
         assert r.returncode == 0, r.stderr
         obj = stored(controlplane, ns, name)
         assert obj["spec"]["schedulerName"] == "default-scheduler"
-    # whole-card pods name an mthreads.com/ resource and are sent (for the mixing check); plain pods are not
-    # one mutating and one validating review, for "whole"
-    assert metric(webhook, "hami_mt_webhook_reviews_total") == reviews + 2
+    # Neither names a slice resource, so neither is sent: a mixing container names a slice and is sent.
+    assert metric(webhook, "hami_mt_webhook_reviews_total") == reviews
 
 
 def test_dry_run_shows_warnings_and_denials_and_stores_nothing(controlplane, ns):
@@ -96,3 +98,50 @@ def test_pod_rules_deny_privileged_slice_pods(controlplane, ns):
     bad["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     r = apply(controlplane, ns, bad)
     assert r.returncode != 0 and 'container "c0" is privileged' in r.stderr
+
+
+def test_privileged_ephemeral_container_is_denied_on_a_slice_pod(controlplane, ns):
+    """`kubectl debug --profile=sysadmin` writes pods/ephemeralcontainers: only new privileged ones are denied."""
+    assert apply(controlplane, ns, pod("debugged", {VGPU: 1, MEMORY: 8, CORE: 2})).returncode == 0
+    assert apply(controlplane, ns, pod("debugged-plain", {"cpu": "10m"})).returncode == 0
+
+    def debug(name: str, container: str, profile: str):
+        return controlplane.kubectl("debug", "-n", ns, name, "--image=busybox", f"--container={container}",
+                                    f"--profile={profile}", check=False)
+
+    r = debug("debugged", "root", "sysadmin")
+    assert r.returncode != 0
+    assert 'admission webhook "validate.hami-mt.mthreads.com" denied the request: ephemeral container "root" ' \
+           "is privileged, and a privileged container sees every card, so it cannot join a pod with sGPU " \
+           "slices" in r.stderr
+    r = debug("debugged", "look", "general")
+    assert r.returncode == 0, r.stderr
+    names = [c["name"] for c in stored(controlplane, ns, "debugged")["spec"]["ephemeralContainers"]]
+    assert names == ["look"]
+    # The pod already has an ephemeral container: only the new one is judged, and a plain pod is not sent.
+    r = debug("debugged", "look-again", "general")
+    assert r.returncode == 0, r.stderr
+    r = debug("debugged-plain", "root", "sysadmin")
+    assert r.returncode == 0, r.stderr
+
+
+def test_reapplying_a_snapped_pod_needs_the_tier_in_the_manifest(controlplane, ns):
+    """The snap warning's advice, on the real API server: pod resources are immutable, so a second apply of a
+    manifest saying 20 fails; a manifest saying the tier re-applies cleanly, and so does a Deployment."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    first = controlplane.kubectl("apply", "-n", ns, "-f", str(examples / "snap-pod.yaml"), check=False)
+    assert first.returncode == 0, first.stderr
+    assert "write 32 in the manifest: a pod's resources cannot change" in first.stderr
+    again = controlplane.kubectl("apply", "-n", ns, "-f", str(examples / "snap-pod.yaml"), check=False)
+    assert again.returncode != 0 and "Forbidden" in again.stderr
+    fixed = yaml.safe_load((examples / "snap-pod.yaml").read_text())
+    for part in ("limits", "requests"):
+        if MEMORY in fixed["spec"]["containers"][0]["resources"].get(part, {}):
+            fixed["spec"]["containers"][0]["resources"][part][MEMORY] = 32
+    controlplane.kubectl("delete", "pod", "-n", ns, fixed["metadata"]["name"])
+    for _ in range(2):
+        r = apply(controlplane, ns, fixed)
+        assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+    for _ in range(2):
+        r = controlplane.kubectl("apply", "-n", ns, "-f", str(examples / "snap-deployment.yaml"), check=False)
+        assert r.returncode == 0, r.stderr

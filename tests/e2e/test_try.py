@@ -1,0 +1,189 @@
+"""`make run` (`hami-mt-webhook try`) as a user meets it: a dead webhook is reported and restarted while the
+control plane stays up, and no process and no run directory outlives it, whatever ends it."""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hami_mt_webhook.controlplane import binaries
+
+from .support import processes_mentioning
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+BANNER_END = "Ctrl-C stops everything."
+
+
+class Run:
+    """`hami-mt-webhook try` in its own session (our signals reach only it), its output read line by line."""
+
+    def __init__(self, base: Path, restart_delay: float = 5.0, read: bool = True) -> None:
+        self.dir = base
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "hami_mt_webhook.cli", "try", "--dir", str(base),
+             "--restart-delay", str(restart_delay)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True, cwd=ROOT)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        if read:
+            threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def until(self, fragment: str, timeout: float = 180.0) -> str:
+        """The output up to and including the first line holding `fragment`."""
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                pytest.fail(f"no {fragment!r} in the output of `try`:\n{''.join(seen)}")
+            seen.append(line)
+            if fragment in line:
+                return "".join(seen)
+
+    def stop(self, sig: int, timeout: float = 60.0) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # its own session; its children die with it
+            self.proc.wait()
+
+    def assert_nothing_left(self) -> None:
+        deadline = time.monotonic() + 10
+        while left := processes_mentioning(self.dir):
+            assert time.monotonic() < deadline, f"still running after `try` ended: {left}"
+            time.sleep(0.1)
+        assert list(self.dir.iterdir()) == []
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Iterator[list[Run]]:
+    started: list[Run] = []
+    yield started
+    for run in started:
+        run.kill()
+
+
+def kubectl(kubeconfig: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(binaries() / "kubectl"), f"--kubeconfig={kubeconfig}", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_a_dead_webhook_is_reported_and_restarted_while_the_control_plane_stays_up(tmp_path, runs):
+    run = Run(tmp_path / "run", restart_delay=5)
+    runs.append(run)
+    banner = run.until(BANNER_END)
+    pid = int(re.search(r"webhook pid (\d+)", banner)[1])
+    kubeconfig = re.search(r"export KUBECONFIG=(\S+)", banner)[1]
+    os.kill(pid, signal.SIGKILL)
+    report = run.until("Restarting it in")
+    assert "the webhook exited (killed by SIGKILL)" in report
+    assert "  | " in report and "node index synced" in report  # its last log lines
+    # The outage the docs describe: slice pods refused, whole-card pods admitted, the API server up.
+    r = kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / "slice-pod.yaml"))
+    assert r.returncode != 0 and "failed calling webhook" in r.stderr
+    r = kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / "whole-card-pod.yaml"))
+    assert r.returncode == 0, r.stderr
+    run.until("the webhook is serving again")
+    r = kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / "slice-pod.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert run.stop(signal.SIGTERM) == 0
+    assert "stopping ..." in run.until("stopping ...")
+    run.assert_nothing_left()
+
+
+def test_a_closed_terminal_stops_everything(tmp_path, runs):
+    run = Run(tmp_path / "run")
+    runs.append(run)
+    run.until(BANNER_END)
+    assert run.stop(signal.SIGHUP) == 0
+    run.assert_nothing_left()
+
+
+def test_a_closed_stdout_never_skips_the_stop(tmp_path, runs):
+    """`make run | head -1`, then Ctrl-C: every later print meets a closed pipe, "stopping" included."""
+    run = Run(tmp_path / "run", read=False)
+    runs.append(run)
+    assert run.proc.stdout is not None
+    assert "starting etcd" in run.proc.stdout.readline()
+    run.proc.stdout.close()  # what `head -1` does after its line
+    deadline = time.monotonic() + 180
+    while not list(run.dir.glob("*/webhook-*.log")) or \
+            "node index synced" not in next(run.dir.glob("*/webhook-*.log")).read_text():
+        assert run.proc.poll() is None, "try ended by itself when its stdout closed"
+        assert time.monotonic() < deadline, "the webhook never came up"
+        time.sleep(0.2)
+    time.sleep(1)  # the banner now goes to the closed pipe
+    assert run.proc.poll() is None
+    assert run.stop(signal.SIGINT) == 0
+    run.assert_nothing_left()
+
+
+def test_a_dead_control_plane_ends_the_run_with_a_reason(tmp_path, runs):
+    run = Run(tmp_path / "run")
+    runs.append(run)
+    run.until(BANNER_END)
+    (apiserver,) = [pid for pid in processes_mentioning(run.dir)
+                    if b"kube-apiserver" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]]
+    os.kill(apiserver, signal.SIGKILL)
+    assert "etcd or kube-apiserver exited (running: etcd)" in run.until("exited (running:")
+    assert run.proc.wait(60) == 1
+    run.assert_nothing_left()
+
+
+VICTIM = "HAMI_MT_E2E_VICTIM"
+
+
+@pytest.mark.skipif(not os.environ.get(VICTIM), reason="run only by test_a_stopped_test_run_leaves_nothing")
+def test_victim(webhook):
+    """A test that holds the session's control plane and webhook until its run is stopped."""
+    time.sleep(600)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_stopped_test_run_leaves_nothing(tmp_path, sig):
+    """The suite's own control plane and webhook go with the run, whatever signal ends it."""
+    env = {**os.environ, VICTIM: "1", "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                             f"{__file__}::test_victim"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not any("node index synced" in log.read_text() for log in tmp_path.glob("*/webhook/webhook-*.log")):
+            assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")
+            assert time.monotonic() < deadline, "the victim's webhook never came up"
+            time.sleep(0.2)
+        assert processes_mentioning(tmp_path)
+        proc.send_signal(sig)
+        out = proc.communicate(timeout=90)[0].decode(errors="replace")
+        assert proc.returncode != 0, out
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 10
+    while left := processes_mentioning(tmp_path):
+        assert time.monotonic() < deadline, f"still running after the test run ended: {left}"
+        time.sleep(0.1)
+    assert [p.name for p in tmp_path.iterdir()] == []
