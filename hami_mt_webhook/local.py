@@ -103,7 +103,7 @@ class LocalWebhook:
                 "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]
 
     def start(self, timeout: float = 60.0, wait_ready: bool = True) -> None:
-        """Start the process and wait until /readyz says the node index is synced (or only /livez)."""
+        """Start the process and wait until /readyz says the node view is synced (or only /livez)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         with open(self.log, "ab") as log:
             # Dies with us, even by SIGKILL, like the control plane's processes: never left retrying its watch.

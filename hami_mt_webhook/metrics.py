@@ -28,10 +28,10 @@ class Metrics:
         self.denials = Counter("hami_mt_webhook_denials", "Pods denied, by reason.", ["webhook", "reason"], registry=r)
         self.bad_requests = Counter("hami_mt_webhook_bad_requests", "Bodies that were not answerable reviews.",
                                     ["webhook"], registry=r)
-        self.nodes = Gauge("hami_mt_webhook_sliced_nodes", "Sliced nodes in the node index.", registry=r)
+        self.nodes = Gauge("hami_mt_webhook_sliced_nodes", "Sliced nodes in the node view.", registry=r)
         self.last_node_event = Gauge("hami_mt_webhook_last_node_event_timestamp_seconds",
                                      "Unix time of the last node event applied to the index.", registry=r)
-        self.ready = Gauge("hami_mt_webhook_ready", "1 once the node index is synced.", registry=r)
+        self.ready = Gauge("hami_mt_webhook_ready", "1 once the complete node set has been read.", registry=r)
         self.cert_expiry = Gauge("hami_mt_webhook_certificate_expiry_timestamp_seconds",
                                  "Unix time at which the serving certificate expires.", registry=r)
         self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads",

@@ -99,7 +99,7 @@ def test_a_dead_webhook_is_reported_and_restarted_while_the_control_plane_stays_
     os.kill(pid, signal.SIGKILL)
     report = run.until("Restarting it in")
     assert "the webhook exited (killed by SIGKILL)" in report
-    assert "  | " in report and "node index synced" in report  # its last log lines
+    assert "  | " in report and "node view synced" in report  # its last log lines
     # The outage the docs describe: slice pods refused, whole-card pods admitted, the API server up.
     r = kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / "slice-pod.yaml"))
     assert r.returncode != 0 and "failed calling webhook" in r.stderr
@@ -130,7 +130,7 @@ def test_a_closed_stdout_never_skips_the_stop(tmp_path, runs):
     run.proc.stdout.close()  # what `head -1` does after its line
     deadline = time.monotonic() + 180
     while not list(run.dir.glob("*/webhook-*.log")) or \
-            "node index synced" not in next(run.dir.glob("*/webhook-*.log")).read_text():
+            "node view synced" not in next(run.dir.glob("*/webhook-*.log")).read_text():
         assert run.proc.poll() is None, "try ended by itself when its stdout closed"
         assert time.monotonic() < deadline, "the webhook never came up"
         time.sleep(0.2)
@@ -170,7 +170,7 @@ def test_a_stopped_test_run_leaves_nothing(tmp_path, sig):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
-        while not any("node index synced" in log.read_text() for log in tmp_path.glob("*/webhook/webhook-*.log")):
+        while not any("node view synced" in log.read_text() for log in tmp_path.glob("*/webhook/webhook-*.log")):
             assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")
             assert time.monotonic() < deadline, "the victim's webhook never came up"
             time.sleep(0.2)
