@@ -273,6 +273,13 @@ def _slowest(h: Any) -> str:
     return f"≤ {bound * 1e3:g}" if not math.isinf(bound) else "> 250"
 
 
+def _tenth(samples: list[float], which: int) -> float:
+    """Mean of the first (0) or last (-1) tenth of the samples: whether memory drifts over a run."""
+    n = max(1, len(samples) // 10)
+    part = samples[:n] if which == 0 else samples[-n:]
+    return sum(part) / len(part) if part else math.nan
+
+
 def _metric(hook: Any, name: str) -> float:
     try:
         text = hook.metrics()
@@ -382,8 +389,9 @@ def part_scale(opts: argparse.Namespace, workdir: Path) -> Any:
         "",
         f"- Churn: {churn['updates']:,} node status updates in {churn['seconds']:.0f} s cost the webhook "
         f"{churn['cpu'] * 100:.1f} % of one core, pods and reviews included (idle pods alone: "
-        f"{idle['cpu'] * 100:.1f} %). RSS during churn {min(churn['rss']):.0f}–{max(churn['rss']):.0f} MiB, "
-        f"peak since start {churn['peak']:.0f} MiB.",
+        f"{idle['cpu'] * 100:.1f} %). RSS during churn {min(churn['rss']):.0f}–{max(churn['rss']):.0f} MiB "
+        f"(sampled every 2 s; mean of the first tenth {_tenth(churn['rss'], 0):.1f}, of the last tenth "
+        f"{_tenth(churn['rss'], -1):.1f}), peak since start {churn['peak']:.0f} MiB.",
         f"- A capacity change (node status patched) reached the view in "
         f"{', '.join(f'{t:.0f}' for t in res['capacity'])} ms (patch sent to a review answering with it).",
         f"- kube-apiserver SIGKILLed and restarted under {opts.rate:g} pods/s: it was back after "
