@@ -36,6 +36,11 @@ class Metrics:
                                  "Unix time at which the serving certificate expires.", registry=r)
         self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads",
                                     "Serving certificates loaded after a change.", ["result"], registry=r)
+        self.connections = Gauge("hami_mt_webhook_connections",
+                                 "Open connections on the webhook port, TLS handshakes included.", registry=r)
+        self.connections_closed = Counter("hami_mt_webhook_connections_closed",
+                                          "Connections the listener closed: refused, shed to make room for a new "
+                                          "one, or past a deadline; by reason and phase.", ["reason"], registry=r)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""
@@ -63,3 +68,6 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def connection_closed(self, reason: str) -> None:
+        self._child(self.connections_closed, reason).inc()

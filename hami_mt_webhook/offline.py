@@ -18,6 +18,7 @@ from . import review, workloads
 from .capacity import ClusterView
 from .config import Config
 from .decision import Decision
+from .text import quote
 
 
 class InputError(ValueError):
@@ -76,7 +77,7 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
                                  f"{workloads.template_path(kind)}")
             out.append(Item(source, doc))
         else:
-            raise InputError(f"{source}: kind {kind!r} is not supported; give a Pod, a workload "
+            raise InputError(f"{source}: kind {quote(kind)} is not supported; give a Pod, a workload "
                              f"({WORKLOADS}), a List of them or an AdmissionReview")
     return out
 
