@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--dir", default=DEFAULT_CERTS, help="certificate directory [certs]")
     ct.add_argument("--service", default="hami-mt-webhook", help="Service name for the DNS SANs")
     ct.add_argument("--namespace", default="hami-mt-webhook", help="Service namespace for the DNS SANs")
+    ct.add_argument("--san", action="append", default=None, metavar="NAME_OR_IP",
+                    help="an extra DNS name or IP address for the serving certificate, beyond the Service's "
+                         "(e.g. 127.0.0.1 for a webhook on loopback); repeatable; with --rotate, the current "
+                         "certificate's extra names are kept unless given")
     ct.add_argument("--days", type=float, default=365, help="serving certificate lifetime in days [365]")
     ct.add_argument("--rotate", action="store_true",
                     help="renew the serving certificate if 2/3 of its lifetime has passed")
@@ -165,12 +169,15 @@ def _certs(args: argparse.Namespace) -> int:
     from . import certs
 
     root = Path(args.dir)
+    dns, ips = certs.split_sans(args.san or ())
     if args.rotate:
         done = certs.rotate(root, service=args.service, namespace=args.namespace, days=args.days,
-                            force=args.force, new_authority=args.new_ca, drop_old=args.drop_old_ca)
+                            force=args.force, new_authority=args.new_ca, drop_old=args.drop_old_ca,
+                            extra_dns=dns if args.san is not None else None,
+                            ips=ips if args.san is not None else None)
         for line in done or ["nothing due: the serving certificate is within 2/3 of its lifetime"]:
             print(line)
-    layout = certs.ensure(root, args.service, args.namespace, days=args.days)
+    layout = certs.ensure(root, args.service, args.namespace, extra_dns=dns, ips=ips, days=args.days)
     try:
         from . import manifests
         docs = manifests.with_ca_bundle(manifests.load(), layout.bundle.read_bytes())
