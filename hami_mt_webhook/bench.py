@@ -1273,9 +1273,9 @@ def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argpa
     rows: list[list[str]] = []
     try:
         def with_value(value: str) -> bytes:
-            obj = pod("slice")
-            obj["spec"]["containers"][0]["resources"]["limits"][MEMORY] = value
-            obj["spec"]["containers"][0]["resources"]["requests"][MEMORY] = value
+            resources = (obj := pod("slice"))["spec"]["containers"][0]["resources"]
+            resources["limits"][MEMORY] = value
+            resources["requests"].pop(MEMORY)
             return review_body(obj)
 
         async def go() -> None:

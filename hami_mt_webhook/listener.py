@@ -1,8 +1,9 @@
 """The HTTPS listener: every connection is bounded from accept to close, and drained on shutdown.
 
 The webhook fails closed, so a client that can tie up the listener can stop GPU pods cluster-wide.
-The listener therefore accepts plain TCP and runs the TLS handshake itself (`loop.start_tls`): a
-connection is counted and timed from the moment it is accepted, not from when aiohttp first sees it.
+The listener therefore accepts connections itself and hands each socket to the TLS layer
+(`loop.connect_accepted_socket`): a connection is counted and timed from the moment it is accepted,
+not from when aiohttp first sees it after the handshake.
 Each connection is in one phase at a time, and each phase has a deadline:
 
     handshake  accepted, TLS handshake not finished          handshake_timeout
@@ -28,6 +29,7 @@ import asyncio
 import contextlib
 import enum
 import logging
+import socket
 import ssl
 from collections import Counter
 from collections.abc import Callable
@@ -87,71 +89,16 @@ SHED_THEN = (Phase.HANDSHAKE, Phase.READING, Phase.WRITING)
 class Conn:
     """One accepted TCP connection, tracked from accept to close."""
 
-    __slots__ = ("raw", "tls", "handler", "phase", "since", "closed", "task")
+    __slots__ = ("sock", "tls", "handler", "phase", "since", "closed", "task")
 
-    def __init__(self, raw: asyncio.Transport) -> None:
-        self.raw = raw
-        self.tls: asyncio.Transport | None = None
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.tls: asyncio.Transport | None = None  # once the handshake is done
         self.handler: GuardedHandler | None = None
         self.phase = Phase.HANDSHAKE
         self.since = 0.0
         self.closed = False
-        self.task: asyncio.Task[None] | None = None
-
-
-class _Accept(asyncio.Protocol):
-    """The raw TCP protocol, only until the TLS layer takes the transport over."""
-
-    def __init__(self, listener: Listener) -> None:
-        self.listener = listener
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.listener._accepted(transport)  # type: ignore[arg-type]
-
-
-class Tap(asyncio.Protocol):
-    """The TLS layer's application protocol: forwards to aiohttp's handler once it is attached, and
-    tells the listener when the connection ends (the raw transport's own protocol is the TLS layer)."""
-
-    def __init__(self, listener: Listener, conn: Conn) -> None:
-        self.listener, self.conn = listener, conn
-        self.handler: GuardedHandler | None = None
-        self.early: list[bytes] = []  # bytes decrypted between the handshake and `attach`
-        self.eof = False
-        self.lost = False
-
-    def attach(self, handler: GuardedHandler, transport: asyncio.Transport) -> None:
-        self.handler = handler
-        handler.connection_made(transport)
-        early, self.early = self.early, []
-        for data in early:
-            handler.data_received(data)
-        if self.eof:
-            handler.eof_received()
-
-    def data_received(self, data: bytes) -> None:
-        if self.handler is None:
-            self.early.append(data)
-        else:
-            self.handler.data_received(data)
-
-    def eof_received(self) -> bool | None:
-        self.eof = True
-        return self.handler.eof_received() if self.handler is not None else None
-
-    def pause_writing(self) -> None:
-        if self.handler is not None:
-            self.handler.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self.handler is not None:
-            self.handler.resume_writing()
-
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self.lost = True
-        self.listener._forget(self.conn)
-        if self.handler is not None:
-            self.handler.connection_lost(exc)
+        self.task: asyncio.Task[Any] | None = None  # the handshake
 
 
 class GuardedHandler(RequestHandler):
@@ -161,6 +108,16 @@ class GuardedHandler(RequestHandler):
         super().__init__(listener.runner.server, loop=listener.loop, **kwargs)  # type: ignore[arg-type]
         self._listener = listener
         self._conn = conn
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        """The TLS handshake is done: the connection waits for its first request."""
+        self._conn.tls = transport  # type: ignore[assignment]
+        self._listener._enter(self._conn, Phase.IDLE)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._listener._forget(self._conn)
+        super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         if data and self._conn.phase is Phase.IDLE:  # the first byte of a request starts its clock
@@ -210,7 +167,7 @@ class Listener:
         self.app, self.host, self.port, self.context, self.limits = app, host, port, context, limits
         self.runner = aiohttp.web.AppRunner(app, access_log=None)
         self.loop = asyncio.get_running_loop()
-        self.server: asyncio.base_events.Server | None = None
+        self.sock: socket.socket | None = None  # the listening socket
         self.draining = False
         self.on_close = on_close
         self.closed: Counter[str] = Counter()  # connections the listener closed, by reason
@@ -240,50 +197,62 @@ class Listener:
         return {p.value: len(conns) for p, conns in self._phases.items()}
 
     async def start(self) -> None:
+        """Listen; connections are accepted here, not by the event loop's server, so that each one is
+        counted and timed before its TLS handshake starts."""
         await self.runner.setup()
-        self.server = await self.loop.create_server(lambda: _Accept(self), self.host, self.port,
-                                                    reuse_address=True, backlog=1024)
-        if self.port == 0:
-            self.port = self.server.sockets[0].getsockname()[1]
+        family = socket.getaddrinfo(self.host or None, self.port, type=socket.SOCK_STREAM,
+                                    flags=socket.AI_PASSIVE)[0][0]
+        self.sock = socket.create_server((self.host, self.port), family=family, backlog=1024)
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.loop.add_reader(self.sock.fileno(), self._accept)
         self._sweeper = self.loop.create_task(self._sweep())
 
     # --- bookkeeping -------------------------------------------------------------------------------
 
-    def _accepted(self, raw: asyncio.Transport) -> None:
+    def _accept(self) -> None:
+        """Take what the kernel has queued (a bounded batch, so other work keeps its turn)."""
+        assert self.sock is not None
+        for _ in range(256):
+            try:
+                sock, _addr = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as err:  # out of file descriptors, say: the queued connection waits
+                logger.warning("accepting a connection failed: %s", err)
+                return
+            self._accepted(sock)
+
+    def _accepted(self, sock: socket.socket) -> None:
         if self.draining or (self._count >= self.limits.max_connections and not self._make_room()):
             self._note("refused")
-            raw.abort()
+            sock.close()
             return
-        raw.pause_reading()  # the ClientHello is for the TLS layer, which takes over below
-        conn = Conn(raw)
+        sock.setblocking(False)
+        conn = Conn(sock)
         self._count += 1
         self._enter(conn, Phase.HANDSHAKE)
         conn.task = self.loop.create_task(self._handshake(conn))
 
     async def _handshake(self, conn: Conn) -> None:
-        tap = Tap(self, conn)
+        def handler() -> GuardedHandler:
+            conn.handler = GuardedHandler(self, conn, keepalive_timeout=self.limits.idle_timeout * 4,
+                                          access_log=None, auto_decompress=False, lingering_time=1.0)
+            return conn.handler
+
         try:
-            tls = await self.loop.start_tls(conn.raw, tap, self.context, server_side=True,
-                                            ssl_handshake_timeout=self.limits.handshake_timeout + 1.0,
-                                            ssl_shutdown_timeout=self.limits.close_grace)
-        except asyncio.CancelledError:
-            self._close(conn, None)
-            raise
-        except Exception as err:  # a failed or cut handshake: nothing to answer
+            await self.loop.connect_accepted_socket(handler, conn.sock, ssl=self.context,
+                                                    ssl_handshake_timeout=self.limits.handshake_timeout + 1.0,
+                                                    ssl_shutdown_timeout=self.limits.close_grace)
+        except asyncio.CancelledError:  # shed, past its deadline, or the listener stops
+            self._forget(conn)
+        except Exception as err:  # a failed handshake: nothing to answer
             logger.debug("TLS handshake failed: %s", type(err).__name__)
-            self._close(conn, None)
-            return
+            self._forget(conn)
+            with contextlib.suppress(OSError):
+                conn.sock.close()
         finally:
             conn.task = None
-        if tls is None or tap.lost or conn.closed:
-            self._close(conn, None)
-            return
-        conn.tls = tls
-        handler = GuardedHandler(self, conn, keepalive_timeout=self.limits.idle_timeout * 4, access_log=None,
-                                 auto_decompress=False, lingering_time=1.0)
-        conn.handler = handler
-        self._enter(conn, Phase.IDLE)
-        tap.attach(handler, tls)
 
     def _enter(self, conn: Conn, phase: Phase) -> None:
         if conn.closed:
@@ -304,9 +273,15 @@ class Listener:
         if reason is not None and not conn.closed:
             self._note(reason)
         self._forget(conn)
-        if conn.handler is not None:
-            conn.handler.force_close()
-        conn.raw.abort()
+        if conn.tls is not None:
+            if conn.handler is not None:
+                conn.handler.force_close()
+            conn.tls.abort()
+        elif conn.task is not None:  # mid-handshake: cancelling aborts the transport
+            conn.task.cancel()
+        else:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
 
     def _note(self, reason: str) -> None:
         self.closed[reason] += 1
@@ -350,8 +325,10 @@ class Listener:
 
     async def stop(self) -> None:
         """Stop accepting, drain open connections, then close; bounded by the limits' timeouts."""
-        if self.server is not None:
-            self.server.close()
+        if self.sock is not None:
+            self.loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+            self.sock = None
         self.draining = True
         for conn in list(self._phases[Phase.HANDSHAKE]):
             self._close(conn, None)
