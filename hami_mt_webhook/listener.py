@@ -7,16 +7,20 @@ not from when aiohttp first sees it after the handshake.
 Each connection is in one phase at a time, and each phase has a deadline:
 
     handshake  accepted, TLS handshake not finished          handshake_timeout
-    idle       waiting for a request's first byte           idle_timeout (first request and kept-alive)
+    new        waiting for the first request's first byte   idle_timeout
+    idle       kept alive, waiting for the next request     idle_timeout
     reading    first byte seen, request not read whole      request_timeout (headers and body)
     busy       the handler works on the request             request_timeout
     writing    the answer is being written                  write_timeout
 
 A connection past its deadline is aborted: no graceful TLS close, which a hostile peer would never
-answer. At `max_connections` a new connection makes room rather than being refused: the connection
-idle longest is closed first, then the oldest of those handshaking, reading or writing (as Go's
-http.Server and nginx shed idle connections). Connections whose request is being answered are never
-closed to make room; only when every connection is busy is a new one refused.
+answer. The TLS machinery (buffers, an SSL object) is set up only once a client sends its first
+byte, so a silent connection costs a socket. At `max_connections` a new connection makes room rather
+than being refused: the kept-alive connection idle longest is closed first (as Go's http.Server and
+nginx shed idle connections), else the oldest connection that is handshaking, has not sent its first
+request, or is reading or writing; a caller that connected last is the last to go. Connections whose
+request is being answered are never closed to make room; only when every connection is busy is a
+new one refused.
 
 aiohttp still parses HTTP (`GuardedHandler`); on shutdown the listener stops accepting, answers what
 arrives on open connections with `Connection: close` for up to `drain_seconds`, then waits for
@@ -75,24 +79,28 @@ class Limits:
 
 class Phase(enum.Enum):
     HANDSHAKE = "handshake"
+    NEW = "new"
     IDLE = "idle"
     READING = "reading"
     BUSY = "busy"
     WRITING = "writing"
 
 
-#: Who makes room for a new connection, in order; BUSY connections never do.
+#: Who makes room for a new connection: kept-alive idle ones first, then the oldest of the others;
+#: BUSY connections never do.
 SHED_FIRST = (Phase.IDLE,)
-SHED_THEN = (Phase.HANDSHAKE, Phase.READING, Phase.WRITING)
+SHED_THEN = (Phase.HANDSHAKE, Phase.NEW, Phase.READING, Phase.WRITING)
 
 
 class Conn:
     """One accepted TCP connection, tracked from accept to close."""
 
-    __slots__ = ("sock", "tls", "handler", "phase", "since", "closed", "task")
+    __slots__ = ("sock", "tls", "handler", "phase", "since", "accepted", "closed", "task", "waiting")
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, accepted: float) -> None:
         self.sock = sock
+        self.accepted = accepted
+        self.waiting = False  # for the client's first byte, before any TLS state exists
         self.tls: asyncio.Transport | None = None  # once the handshake is done
         self.handler: GuardedHandler | None = None
         self.phase = Phase.HANDSHAKE
@@ -112,7 +120,7 @@ class GuardedHandler(RequestHandler):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         """The TLS handshake is done: the connection waits for its first request."""
         self._conn.tls = transport  # type: ignore[assignment]
-        self._listener._enter(self._conn, Phase.IDLE)
+        self._listener._enter(self._conn, Phase.NEW)
         super().connection_made(transport)
 
     def connection_lost(self, exc: BaseException | None) -> None:
@@ -120,7 +128,7 @@ class GuardedHandler(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if data and self._conn.phase is Phase.IDLE:  # the first byte of a request starts its clock
+        if data and self._conn.phase in (Phase.NEW, Phase.IDLE):  # a request's first byte starts its clock
             self._listener._enter(self._conn, Phase.READING)
         super().data_received(data)
 
@@ -173,7 +181,8 @@ class Listener:
         self.closed: Counter[str] = Counter()  # connections the listener closed, by reason
         self._phases: dict[Phase, dict[Conn, None]] = {p: {} for p in Phase}  # each in order of entry
         self._count = 0
-        self._timeouts = {Phase.HANDSHAKE: limits.handshake_timeout, Phase.IDLE: limits.idle_timeout,
+        self._timeouts = {Phase.HANDSHAKE: limits.handshake_timeout, Phase.NEW: limits.idle_timeout,
+                          Phase.IDLE: limits.idle_timeout,
                           Phase.READING: limits.request_timeout, Phase.BUSY: limits.request_timeout,
                           Phase.WRITING: limits.write_timeout}
         self._sweeper: asyncio.Task[None] | None = None
@@ -229,10 +238,18 @@ class Listener:
             sock.close()
             return
         sock.setblocking(False)
-        conn = Conn(sock)
+        conn = Conn(sock, self.loop.time())
         self._count += 1
         self._enter(conn, Phase.HANDSHAKE)
-        conn.task = self.loop.create_task(self._handshake(conn))
+        conn.waiting = True
+        self.loop.add_reader(sock.fileno(), self._first_byte, conn)
+
+    def _first_byte(self, conn: Conn) -> None:
+        """The client sent something (or closed): now the TLS layer takes the socket."""
+        self.loop.remove_reader(conn.sock.fileno())
+        conn.waiting = False
+        if not conn.closed:
+            conn.task = self.loop.create_task(self._handshake(conn))
 
     async def _handshake(self, conn: Conn) -> None:
         def handler() -> GuardedHandler:
@@ -274,12 +291,13 @@ class Listener:
             self._note(reason)
         self._forget(conn)
         if conn.tls is not None:
-            if conn.handler is not None:
-                conn.handler.force_close()
             conn.tls.abort()
         elif conn.task is not None:  # mid-handshake: cancelling aborts the transport
             conn.task.cancel()
         else:
+            if conn.waiting:
+                conn.waiting = False
+                self.loop.remove_reader(conn.sock.fileno())
             with contextlib.suppress(OSError):
                 conn.sock.close()
 
@@ -300,7 +318,7 @@ class Listener:
             conns = self._phases[phase]
             if conns:
                 first = next(iter(conns))
-                if oldest is None or first.since < oldest.since:
+                if oldest is None or first.accepted < oldest.accepted:
                     oldest = first
         if oldest is None:
             return False
