@@ -6,7 +6,8 @@ The listener therefore accepts connections itself and hands each socket to the T
 not from when aiohttp first sees it after the handshake.
 Each connection is in one phase at a time, and each phase has a deadline:
 
-    handshake  accepted, TLS handshake not finished          handshake_timeout
+    silent     accepted, nothing received yet               handshake_timeout
+    handshake  first byte received, TLS handshake not done  handshake_timeout
     new        waiting for the first request's first byte   idle_timeout
     idle       kept alive, waiting for the next request     idle_timeout
     reading    first byte seen, request not read whole      request_timeout (headers and body)
@@ -17,8 +18,9 @@ A connection past its deadline is aborted: no graceful TLS close, which a hostil
 answer. The TLS machinery (buffers, an SSL object) is set up only once a client sends its first
 byte, so a silent connection costs a socket. At `max_connections` a new connection makes room rather
 than being refused: the kept-alive connection idle longest is closed first (as Go's http.Server and
-nginx shed idle connections), else the oldest connection that is handshaking, has not sent its first
-request, or is reading or writing; a caller that connected last is the last to go. Connections whose
+nginx shed idle connections), then the oldest silent one (a real client sends its ClientHello at
+once), else the oldest connection that is handshaking, has not sent its first request, or is reading
+or writing; a caller that connected last is the last to go. Connections whose
 request is being answered are never closed to make room; only when every connection is busy is a
 new one refused.
 
@@ -78,6 +80,7 @@ class Limits:
 
 
 class Phase(enum.Enum):
+    SILENT = "silent"
     HANDSHAKE = "handshake"
     NEW = "new"
     IDLE = "idle"
@@ -88,7 +91,7 @@ class Phase(enum.Enum):
 
 #: Who makes room for a new connection: kept-alive idle ones first, then the oldest of the others;
 #: BUSY connections never do.
-SHED_FIRST = (Phase.IDLE,)
+SHED_FIRST = (Phase.IDLE, Phase.SILENT)
 SHED_THEN = (Phase.HANDSHAKE, Phase.NEW, Phase.READING, Phase.WRITING)
 
 
@@ -181,8 +184,8 @@ class Listener:
         self.closed: Counter[str] = Counter()  # connections the listener closed, by reason
         self._phases: dict[Phase, dict[Conn, None]] = {p: {} for p in Phase}  # each in order of entry
         self._count = 0
-        self._timeouts = {Phase.HANDSHAKE: limits.handshake_timeout, Phase.NEW: limits.idle_timeout,
-                          Phase.IDLE: limits.idle_timeout,
+        self._timeouts = {Phase.SILENT: limits.handshake_timeout, Phase.HANDSHAKE: limits.handshake_timeout,
+                          Phase.NEW: limits.idle_timeout, Phase.IDLE: limits.idle_timeout,
                           Phase.READING: limits.request_timeout, Phase.BUSY: limits.request_timeout,
                           Phase.WRITING: limits.write_timeout}
         self._sweeper: asyncio.Task[None] | None = None
@@ -222,7 +225,7 @@ class Listener:
     def _accept(self) -> None:
         """Take what the kernel has queued (a bounded batch, so other work keeps its turn)."""
         assert self.sock is not None
-        for _ in range(256):
+        for _ in range(64):
             try:
                 sock, _addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
@@ -240,7 +243,7 @@ class Listener:
         sock.setblocking(False)
         conn = Conn(sock, self.loop.time())
         self._count += 1
-        self._enter(conn, Phase.HANDSHAKE)
+        self._enter(conn, Phase.SILENT)
         conn.waiting = True
         self.loop.add_reader(sock.fileno(), self._first_byte, conn)
 
@@ -249,6 +252,7 @@ class Listener:
         self.loop.remove_reader(conn.sock.fileno())
         conn.waiting = False
         if not conn.closed:
+            self._enter(conn, Phase.HANDSHAKE)
             conn.task = self.loop.create_task(self._handshake(conn))
 
     async def _handshake(self, conn: Conn) -> None:
