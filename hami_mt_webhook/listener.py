@@ -14,15 +14,19 @@ Each connection is in one phase at a time, and each phase has a deadline:
     busy       the handler works on the request             request_timeout
     writing    the answer is being written                  write_timeout
 
-A connection past its deadline is aborted: no graceful TLS close, which a hostile peer would never
-answer. The TLS machinery (buffers, an SSL object) is set up only once a client sends its first
-byte, so a silent connection costs a socket. At `max_connections` a new connection makes room rather
-than being refused: the kept-alive connection idle longest is closed first (as Go's http.Server and
-nginx shed idle connections), then the oldest silent one (a real client sends its ClientHello at
-once), else the oldest connection that is handshaking, has not sent its first request, or is reading
-or writing; a caller that connected last is the last to go. Connections whose
-request is being answered are never closed to make room; only when every connection is busy is a
-new one refused.
+A connection past its deadline is aborted (no graceful TLS close, which a hostile peer would never
+answer), except a kept-alive one: it gets a TLS close_notify first, so that an HTTP client sees the
+close before it reuses the connection, and is aborted `close_grace` later. The TLS machinery (buffers,
+an SSL object) is set up only once a client sends its first byte, so a silent connection costs a
+socket.
+
+At `max_connections` a new connection makes room rather than being refused, idle connections first
+(as Go's http.Server and nginx shed idle connections): the oldest silent one (a real client sends its
+ClientHello at once), else the oldest one that is handshaking, has not sent a request since its
+handshake, or is reading or writing; kept-alive connections go last, oldest first: they are how
+kube-apiserver's connection pool looks, and closing one races its next request. A caller that
+connected last is the last to go. Connections whose request is being answered are never closed to
+make room; only when every connection is busy is a new one refused.
 
 aiohttp still parses HTTP (`GuardedHandler`); on shutdown the listener stops accepting, answers what
 arrives on open connections with `Connection: close` for up to `drain_seconds`, then waits for
@@ -89,10 +93,8 @@ class Phase(enum.Enum):
     WRITING = "writing"
 
 
-#: Who makes room for a new connection: kept-alive idle ones first, then the oldest of the others;
-#: BUSY connections never do.
-SHED_FIRST = (Phase.IDLE, Phase.SILENT)
-SHED_THEN = (Phase.HANDSHAKE, Phase.NEW, Phase.READING, Phase.WRITING)
+#: Who makes room for a new connection, in this order (the oldest of each group first); BUSY never does.
+SHED_ORDER = ((Phase.SILENT,), (Phase.HANDSHAKE, Phase.NEW, Phase.READING, Phase.WRITING), (Phase.IDLE,))
 
 
 class Conn:
@@ -290,12 +292,16 @@ class Listener:
             self._count -= 1
 
     def _close(self, conn: Conn, reason: str | None) -> None:
-        """Abort the connection now: no graceful TLS close for a peer that may never answer it."""
+        """Close the connection now; only a kept-alive one gets a TLS close_notify, and `close_grace`."""
         if reason is not None and not conn.closed:
             self._note(reason)
         self._forget(conn)
         if conn.tls is not None:
-            conn.tls.abort()
+            if conn.phase is Phase.IDLE:  # a client's pool should see the close: close_notify, then abort
+                conn.tls.close()
+                self.loop.call_later(self.limits.close_grace, conn.tls.abort)
+            else:
+                conn.tls.abort()
         elif conn.task is not None:  # mid-handshake: cancelling aborts the transport
             conn.task.cancel()
         else:
@@ -311,23 +317,19 @@ class Listener:
             self.on_close(reason)
 
     def _make_room(self) -> bool:
-        """Close one connection for a new one: the longest idle, else the oldest not being answered."""
-        for phase in SHED_FIRST:
-            conns = self._phases[phase]
-            if conns:
-                self._close(next(iter(conns)), f"shed-{phase.value}")
+        """Close one connection for a new one (see the module's docstring for the order)."""
+        for group in SHED_ORDER:
+            oldest: Conn | None = None
+            for phase in group:
+                conns = self._phases[phase]
+                if conns:
+                    first = next(iter(conns))
+                    if oldest is None or first.accepted < oldest.accepted:
+                        oldest = first
+            if oldest is not None:
+                self._close(oldest, f"shed-{oldest.phase.value}")
                 return True
-        oldest: Conn | None = None
-        for phase in SHED_THEN:
-            conns = self._phases[phase]
-            if conns:
-                first = next(iter(conns))
-                if oldest is None or first.accepted < oldest.accepted:
-                    oldest = first
-        if oldest is None:
-            return False
-        self._close(oldest, f"shed-{oldest.phase.value}")
-        return True
+        return False
 
     async def _sweep(self) -> None:
         """Close connections past their phase's deadline; each phase's connections are in order of entry."""

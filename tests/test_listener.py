@@ -15,7 +15,6 @@ from helpers import container, make_pod, review_body
 from hami_mt_webhook import hostile
 from hami_mt_webhook.listener import Limits
 
-
 # pytest-asyncio's replacement (a loop-factories hook) applies per conftest, i.e. to every test here.
 pytestmark = pytest.mark.filterwarnings("ignore:Overriding the \"event_loop_policy\" fixture")
 
@@ -156,19 +155,35 @@ async def test_unfinished_handshakes_count_and_a_new_caller_is_still_served(serv
             w.close()
 
 
-async def test_at_the_cap_kept_alive_idle_connections_make_room_first(serve_webhook):
+async def test_at_the_cap_kept_alive_connections_make_room_last(serve_webhook):
     async with serve_webhook(limits=Limits(max_connections=2)) as running:
         listener = running.server.listener
         kept, kept_w = await connect(running)
         kept_w.write(request_bytes(good_body()))
-        await read_head(kept)  # answered, then kept alive: idle
-        fresh, fresh_w = await connect(running)  # connected, first request not sent yet
+        status, headers = await read_head(kept)  # answered, then kept alive: idle
+        await kept.readexactly(int(headers[b"content-length"]))
+        unused, _ = await connect(running)  # TLS done, no request sent
         await eventually(lambda: listener.phases() == {**listener.phases(), "idle": 1, "new": 1})
         assert b"200 OK" in await roundtrip(running)
+        assert listener.closed["shed-new"] == 1
+        assert await asyncio.wait_for(unused.read(), 3) == b""  # the connection that never asked went
+        kept_w.write(request_bytes(good_body(), "Connection: close\r\n"))  # the kept-alive one still works
+        assert (await asyncio.wait_for(kept.read(), 3)).startswith(b"HTTP/1.1 200 OK")
+        _, kept_w2 = await connect(running)
+        idle, idle_w = await connect(running)
+        idle_w.write(request_bytes(good_body()))
+        await read_head(idle)
+        assert b"200 OK" in await roundtrip(running)
+        assert listener.closed["shed-new"] == 2  # the connection that never asked, again
+        other, other_w = await connect(running)
+        other_w.write(request_bytes(good_body()))
+        await read_head(other)
+        await eventually(lambda: listener.phases()["idle"] == 2)
+        assert b"200 OK" in await roundtrip(running)  # no other choice: a kept-alive one goes, the oldest
         assert listener.closed["shed-idle"] == 1
-        assert b"HTTP/1.1" not in await asyncio.wait_for(kept.read(), 3)  # the rest of its answer, then closed
-        fresh_w.write(request_bytes(good_body(), "Connection: close\r\n"))  # the unused one still works
-        assert (await asyncio.wait_for(fresh.read(), 3)).startswith(b"HTTP/1.1 200 OK")
+        assert b"HTTP/1.1" not in await asyncio.wait_for(idle.read(), 3)
+        kept_w2.close()
+        other_w.close()
 
 
 async def test_idle_connections_are_closed_at_the_idle_deadline(serve_webhook):

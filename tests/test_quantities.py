@@ -1,8 +1,8 @@
 """Whole-number quantities and the tier sets T(C) (SPEC.md §2, §3.2)."""
 
-import pytest
-
 from decimal import Decimal
+
+import pytest
 
 from hami_mt_webhook.quantities import QuantityError, gib, parse, snap_up, tiers, valid_set, whole
 
