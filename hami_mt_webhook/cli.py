@@ -63,6 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
                             "[HAMI_MT_CLIENT_CA]")
     serve.add_argument("--reload-interval", type=float, default=_env("HAMI_MT_RELOAD_INTERVAL", "10"),
                        help="seconds between checks of the certificate files [HAMI_MT_RELOAD_INTERVAL; 10]")
+    limits = serve.add_argument_group("listener limits (docs/operating.md)")
+    limits.add_argument("--max-connections", type=int, default=_env("HAMI_MT_MAX_CONNECTIONS", "512"),
+                        help="open connections on the webhook port, TLS handshakes included; at the limit idle ones "
+                             "make room for a new one [HAMI_MT_MAX_CONNECTIONS; 512]")
+    limits.add_argument("--handshake-timeout", type=float, default=_env("HAMI_MT_HANDSHAKE_TIMEOUT", "5"),
+                        help="seconds from accept to the TLS handshake done [HAMI_MT_HANDSHAKE_TIMEOUT; 5]")
+    limits.add_argument("--idle-timeout", type=float, default=_env("HAMI_MT_IDLE_TIMEOUT", "10"),
+                        help="seconds a connection may wait for its next request [HAMI_MT_IDLE_TIMEOUT; 10]")
+    limits.add_argument("--request-timeout", type=float, default=_env("HAMI_MT_REQUEST_TIMEOUT", "10"),
+                        help="seconds from a request's first byte to all of it, and again for the answer "
+                             "[HAMI_MT_REQUEST_TIMEOUT; 10]")
+    limits.add_argument("--write-timeout", type=float, default=_env("HAMI_MT_WRITE_TIMEOUT", "10"),
+                        help="seconds to write an answer out to a client that does not read it "
+                             "[HAMI_MT_WRITE_TIMEOUT; 10]")
     serve.add_argument("--health-port", type=int, default=_env("HAMI_MT_HEALTH_PORT", "8080"),
                        help="HTTP port for /readyz and /livez [HAMI_MT_HEALTH_PORT; 8080]")
     serve.add_argument("--metrics-port", type=int, default=_env("HAMI_MT_METRICS_PORT", "9090"),
@@ -143,9 +157,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from . import logs, server
+    from .listener import Limits
 
     logs.setup(args.log_level, args.log_format)
     config = _load_config(args)
+    limits = Limits(max_connections=args.max_connections, handshake_timeout=args.handshake_timeout,
+                    idle_timeout=args.idle_timeout, request_timeout=args.request_timeout,
+                    write_timeout=args.write_timeout)
     for path in (args.cert_file, args.key_file):
         if not Path(path).is_file():
             raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")
@@ -154,7 +172,7 @@ def _serve(args: argparse.Namespace) -> int:
     state = server.State(config)
     webhook = server.AdmissionServer(state, addr=args.listen, port=args.port, certfile=args.cert_file,
                                      pkeyfile=args.key_file, client_ca=args.client_ca,
-                                     reload_interval=args.reload_interval)
+                                     reload_interval=args.reload_interval, limits=limits)
     try:
         import uvloop
         runner = uvloop.run

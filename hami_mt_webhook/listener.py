@@ -21,8 +21,8 @@ an SSL object) is set up only once a client sends its first byte, so a silent co
 socket.
 
 At `max_connections` a new connection makes room rather than being refused, idle connections first
-(as Go's http.Server and nginx shed idle connections): the oldest silent one (a real client sends its
-ClientHello at once), else the oldest one that is handshaking, has not sent a request since its
+(as Go's http.Server and nginx shed idle connections): the oldest one silent for a second (a real
+client sends its ClientHello at once), else the oldest one that is handshaking, has not sent a request since its
 handshake, or is reading or writing; kept-alive connections go last, oldest first: they are how
 kube-apiserver's connection pool looks, and closing one races its next request. A caller that
 connected last is the last to go. Connections whose request is being answered are never closed to
@@ -94,7 +94,11 @@ class Phase(enum.Enum):
 
 
 #: Who makes room for a new connection, in this order (the oldest of each group first); BUSY never does.
-SHED_ORDER = ((Phase.SILENT,), (Phase.HANDSHAKE, Phase.NEW, Phase.READING, Phase.WRITING), (Phase.IDLE,))
+#: The first group holds only connections silent for `SILENT_GRACE`: one just accepted may not have
+#: been read yet.
+SHED_ORDER = ((Phase.SILENT,), (Phase.SILENT, Phase.HANDSHAKE, Phase.NEW, Phase.READING, Phase.WRITING),
+              (Phase.IDLE,))
+SILENT_GRACE = 1.0
 
 
 class Conn:
@@ -318,7 +322,8 @@ class Listener:
 
     def _make_room(self) -> bool:
         """Close one connection for a new one (see the module's docstring for the order)."""
-        for group in SHED_ORDER:
+        now = self.loop.time()
+        for i, group in enumerate(SHED_ORDER):
             oldest: Conn | None = None
             for phase in group:
                 conns = self._phases[phase]
@@ -326,7 +331,7 @@ class Listener:
                     first = next(iter(conns))
                     if oldest is None or first.accepted < oldest.accepted:
                         oldest = first
-            if oldest is not None:
+            if oldest is not None and (i or now - oldest.since >= SILENT_GRACE):
                 self._close(oldest, f"shed-{oldest.phase.value}")
                 return True
         return False
