@@ -64,9 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--reload-interval", type=float, default=_env("HAMI_MT_RELOAD_INTERVAL", "10"),
                        help="seconds between checks of the certificate files [HAMI_MT_RELOAD_INTERVAL; 10]")
     limits = serve.add_argument_group("listener limits (docs/operating.md)")
-    limits.add_argument("--max-connections", type=int, default=_env("HAMI_MT_MAX_CONNECTIONS", "512"),
+    limits.add_argument("--max-connections", type=int, default=_env("HAMI_MT_MAX_CONNECTIONS", "1024"),
                         help="open connections on the webhook port, TLS handshakes included; at the limit idle ones "
-                             "make room for a new one [HAMI_MT_MAX_CONNECTIONS; 512]")
+                             "make room for a new one [HAMI_MT_MAX_CONNECTIONS; 1024]")
     limits.add_argument("--handshake-timeout", type=float, default=_env("HAMI_MT_HANDSHAKE_TIMEOUT", "5"),
                         help="seconds from accept to the TLS handshake done [HAMI_MT_HANDSHAKE_TIMEOUT; 5]")
     limits.add_argument("--idle-timeout", type=float, default=_env("HAMI_MT_IDLE_TIMEOUT", "10"),

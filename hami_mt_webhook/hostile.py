@@ -103,7 +103,7 @@ class Flood:
         await stop.wait()
         for t in tasks:
             t.cancel()
-        await asyncio.wait(tasks, timeout=5)  # a connection stuck in a TLS close is not worth waiting for
+        await asyncio.wait(tasks, timeout=10)  # a connection stuck in a TLS close is not worth more
 
     async def _slot(self, stop: asyncio.Event, gate: asyncio.Semaphore) -> None:
         while not stop.is_set():

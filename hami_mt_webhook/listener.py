@@ -67,7 +67,7 @@ class Limits:
     idle_timeout: float = 10.0  # waiting for a request's first byte; kube-apiserver reopens as it needs
     request_timeout: float = 10.0  # first byte -> whole request read, and again for the handler's answer
     write_timeout: float = 10.0  # the answer written out (a client that does not read it is cut)
-    max_connections: int = 512  # TLS handshakes in progress included
+    max_connections: int = 1024  # TLS handshakes in progress included
     max_body: int = 3 * 1024 * 1024
     big_body: int = 256 * 1024  # bodies this large are decoded in a thread, `big_concurrency` at a time
     big_concurrency: int = 2

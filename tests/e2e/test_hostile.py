@@ -23,12 +23,10 @@ def ns(controlplane, webhook):
 def test_a_slice_pod_is_admitted_while_idle_connections_and_handshakes_flood_the_port(controlplane, webhook, ns):
     lt = LoopThread()
     stop = asyncio.Event()
-    floods = [Flood("idle", webhook.port, 600, str(webhook.certs.ca_cert)),  # more than the 512 the listener keeps
-              Flood("half-hello", webhook.port, 200)]
+    floods = [Flood("idle", webhook.port, 900, str(webhook.certs.ca_cert)),  # more than the 1024 the listener keeps
+              Flood("half-hello", webhook.port, 300)]
     held = [asyncio.Event() for _ in floods]
-    runs = [lt.loop.call_soon_threadsafe(lambda f=f, h=h: lt.loop.create_task(f.run(stop, h)))
-            for f, h in zip(floods, held, strict=True)]
-    assert runs
+    runs = [asyncio.run_coroutine_threadsafe(f.run(stop, h), lt.loop) for f, h in zip(floods, held, strict=True)]
     try:
         deadline = time.monotonic() + 60
         while not all(h.is_set() for h in held):
@@ -43,8 +41,9 @@ def test_a_slice_pod_is_admitted_while_idle_connections_and_handshakes_flood_the
             assert resources(obj)[0] == {VGPU: "1", MEMORY: "32", CORE: "8"}
         shed = metric(webhook, "hami_mt_webhook_connections_closed_total")
         assert shed > 0, "the flood never reached the connection limit"
-        assert metric(webhook, "hami_mt_webhook_connections") <= 512
+        assert metric(webhook, "hami_mt_webhook_connections") <= 1024
     finally:
         lt.loop.call_soon_threadsafe(stop.set)
-        time.sleep(6)  # the floods let go of their sockets
+        for run in runs:  # the floods let go of their sockets before the loop goes
+            run.result(30)
         lt.close()
