@@ -68,6 +68,7 @@ class Limits:
     request_timeout: float = 10.0  # first byte -> whole request read, and again for the handler's answer
     write_timeout: float = 10.0  # the answer written out (a client that does not read it is cut)
     max_connections: int = 1024  # TLS handshakes in progress included
+    max_handshakes: int = 256  # of those, handshakes under way (each holds TLS buffers); the oldest gives way
     max_body: int = 3 * 1024 * 1024
     big_body: int = 256 * 1024  # bodies this large are decoded in a thread, `big_concurrency` at a time
     big_concurrency: int = 2
@@ -79,8 +80,9 @@ class Limits:
         for name in ("handshake_timeout", "idle_timeout", "request_timeout", "write_timeout", "close_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"listener limit {name} must be a positive number of seconds")
-        if self.max_connections < 1 or self.max_body < 1 or self.big_body < 1 or self.big_concurrency < 1:
-            raise ValueError("listener limits max_connections, max_body, big_body, big_concurrency must be positive")
+        if min(self.max_connections, self.max_handshakes, self.max_body, self.big_body, self.big_concurrency) < 1:
+            raise ValueError("listener limits max_connections, max_handshakes, max_body, big_body, big_concurrency "
+                             "must be positive")
 
 
 class Phase(enum.Enum):
@@ -258,6 +260,9 @@ class Listener:
         self.loop.remove_reader(conn.sock.fileno())
         conn.waiting = False
         if not conn.closed:
+            handshakes = self._phases[Phase.HANDSHAKE]
+            if len(handshakes) >= self.limits.max_handshakes:  # bounded memory: the oldest gives way
+                self._close(next(iter(handshakes)), "shed-handshake")
             self._enter(conn, Phase.HANDSHAKE)
             conn.task = self.loop.create_task(self._handshake(conn))
 

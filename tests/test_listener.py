@@ -308,3 +308,19 @@ async def test_stopping_finishes_in_flight_reviews_and_closes_kept_alive_connect
         assert b"Connection: close" in answer  # the client will not reuse a closing connection
         assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["response"]["allowed"] is True
         await asyncio.wait_for(stopping, 5)
+
+
+async def test_handshakes_under_way_are_bounded_and_the_oldest_gives_way(serve_webhook):
+    async with serve_webhook(limits=Limits(max_handshakes=2)) as running:
+        listener = running.server.listener
+        half = []
+        for _ in range(3):
+            half.append(await raw_connect(running))
+            half[-1][1].write(hostile.client_hello()[:40])
+            await asyncio.sleep(0.05)
+        await eventually(lambda: listener.closed["shed-handshake"] == 1)
+        assert listener.phases()["handshake"] == 2
+        assert await asyncio.wait_for(half[0][0].read(), 3) == b""  # the oldest
+        assert b"200 OK" in await roundtrip(running)  # a real client's handshake is the newest
+        for _, w in half:
+            w.close()
