@@ -15,6 +15,8 @@ Parts (`--parts`):
   inprocess  microseconds per review of review.handle and rules.mutate, and of the server's metrics and log line
   index      the node index at 100 / 1,000 / 10,000 nodes: memory, build time, per-admission lookup
   apiserver  pods created through a local kube-apiserver; its webhook-latency histograms
+  hostile    hostile clients against the listener (idle and slow-read floods, unfinished handshakes,
+             large reviews, odd bodies): what a fresh caller and the probes see while each is held
   scale      the whole process on 1,000 / 5,000 / 10,000 real-sized nodes: start-up, memory, churn, restarts
 """
 
@@ -62,7 +64,7 @@ from .config import CORES_PER_CARD, Config
 from .listener import Limits
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PARTS = ("http", "inprocess", "index", "apiserver", "scale")
+PARTS = ("http", "inprocess", "index", "apiserver", "hostile", "scale")
 PATH = "/mutate-pods"
 
 # --- the workload: a realistic cluster and five kinds of review ---------------------------------------
@@ -304,14 +306,17 @@ class Server:
     """One benchmark server (`_serve webhook|baseline`) in its own pinned process."""
 
     def __init__(self, kind: str, layout: certs.Layout, workdir: Path, pin: list[str], s5000: int, s4000: int,
-                 log_level: str, profile: Path | None = None) -> None:
+                 log_level: str, profile: Path | None = None, health: bool = False) -> None:
         self.kind, self.port = kind, free_port()
+        self.health_port = free_port() if health else 0
         self.log = workdir / f"{kind}{'-profiled' if profile else ''}.log"
         cmd = [*pin, sys.executable, "-m", "hami_mt_webhook.bench", "_serve", kind, "--port", str(self.port),
                "--cert", str(layout.tls_cert), "--key", str(layout.tls_key), "--s5000", str(s5000),
                "--s4000", str(s4000), "--log-level", log_level]
         if profile:
             cmd += ["--profile", str(profile)]
+        if health:
+            cmd += ["--health-port", str(self.health_port)]
         from .controlplane import _die_with_parent  # a killed benchmark must not leave listeners behind
 
         with open(self.log, "wb") as err:
@@ -496,7 +501,7 @@ async def python_load(url: str, payloads: list[bytes], cafile: str, connections:
 
 def part_http(opts: argparse.Namespace, workdir: Path) -> Section:
     sec = Section("1. Loopback HTTPS: the webhook beside a bare aiohttp TLS server")
-    layout = certs.ensure(workdir / "certs")
+    layout = certs.ensure(workdir / "certs", ips=("127.0.0.1",))
     payloads = bodies()
     pin = Pinning.detect()
     use_wrk = opts.load_generator == "wrk" or (opts.load_generator == "auto" and shutil.which("wrk"))
@@ -637,8 +642,10 @@ def _has_uvloop() -> bool:
 # --- the server processes (`_serve`, `_load`) -----------------------------------------------------------
 
 
-async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: int, log_level: str) -> None:
-    """A benchmark server until SIGTERM: the project's AdmissionServer, or a bare aiohttp TLS baseline."""
+async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: int, log_level: str,
+                health_port: int = 0) -> None:
+    """A benchmark server until SIGTERM: the project's AdmissionServer (with /readyz on `health_port`
+    when given), or a bare aiohttp TLS baseline."""
     import aiohttp.web
 
     from . import logs, server
@@ -654,11 +661,18 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
                                      limits=dataclasses.replace(Limits(), drain_seconds=0.2, shutdown_timeout=1.0))
         gen = srv(None)
         await gen.__anext__()
+        health = None
+        if health_port:
+            health = aiohttp.web.AppRunner(await server.health_app(state), access_log=None)
+            await health.setup()
+            await aiohttp.web.TCPSite(health, "127.0.0.1", health_port).start()
         print("ready", flush=True)
         try:
             await stop.wait()
         finally:
             await gen.aclose()
+            if health is not None:
+                await health.cleanup()
         return
 
     constant = orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -700,11 +714,12 @@ def internal(argv: list[str]) -> int:
         p.add_argument("--s4000", type=int, default=100)
         p.add_argument("--log-level", default="info")
         p.add_argument("--profile", help="run under cProfile and write the stats here on SIGTERM")
+        p.add_argument("--health-port", type=int, default=0)
         a = p.parse_args(argv[1:])
         prof = cProfile.Profile() if a.profile else None
         if prof:
             prof.enable()
-        _run(serve(a.kind, a.port, a.cert, a.key, a.s5000, a.s4000, a.log_level))
+        _run(serve(a.kind, a.port, a.cert, a.key, a.s5000, a.s4000, a.log_level, a.health_port))
         if prof:
             prof.disable()
             prof.dump_stats(a.profile)
@@ -1127,6 +1142,225 @@ async def _drive_pods(cp: Any, hook: Any, opts: argparse.Namespace) -> ApiResult
     return ApiResult(mutate, validate, own, sorted(client), statuses, bounds)
 
 
+# --- part 5: hostile clients ----------------------------------------------------------------------------
+
+#: The attacks of the hostile part: name, what the floods do, and the floods (kind, connections).
+ATTACKS = (
+    ("idle + slow-read", "600 TLS connections that send nothing, 100 that send a review and never read the answer",
+     (("idle", 600), ("slow-read", 100))),
+    ("unfinished handshakes", "2,000 TCP connections: half silent, half stopping after half a ClientHello",
+     (("silent", 1000), ("half-hello", 1000))),
+    ("large reviews", "40 clients posting 2.5 MiB AdmissionReviews in a loop", (("big", 40),)),
+)
+
+
+class Flooder:
+    """One `hostile` flood in its own process, pinned beside the load generator."""
+
+    def __init__(self, kind: str, count: int, port: int, cafile: Path, pin: list[str], log: Path) -> None:
+        from .controlplane import _die_with_parent
+
+        cmd = [*pin, sys.executable, "-m", "hami_mt_webhook.hostile", kind, "--port", str(port),
+               "--count", str(count), "--cafile", str(cafile)]
+        with open(log, "wb") as err:
+            self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, stdin=subprocess.DEVNULL,
+                                         cwd=REPO_ROOT, preexec_fn=_die_with_parent())
+
+    def wait_holding(self, timeout: float) -> bool:
+        assert self.proc.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            return bool(sel.select(timeout)) and self.proc.stdout.readline().strip() == b"holding"
+
+    def stop(self) -> dict[str, Any]:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        with contextlib.suppress(ValueError, IndexError):
+            return orjson.loads(out.strip().splitlines()[-1])
+        return {}
+
+
+def rss_mib(pid: int, field_name: str = "VmRSS") -> float | None:
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    return None
+
+
+@dataclass
+class Held:
+    """What a caller and the probes saw while one attack was held."""
+
+    name: str
+    what: str
+    reviews: list[tuple[int, float]] = field(default_factory=list)  # (status, seconds), 0: no answer
+    correct: int = 0
+    probes: list[tuple[int, float]] = field(default_factory=list)
+    rss_before: float | None = None
+    rss_peak: float | None = None
+    floods: list[dict[str, Any]] = field(default_factory=list)
+    held: bool = True
+
+
+async def _during(port: int, health_port: int, cafile: Path, body: bytes, reviews: int,
+                  spacing: float) -> tuple[list[tuple[int, dict, float]], list[tuple[int, float]]]:
+    """`reviews` fresh reviews `spacing` s apart, and a /readyz probe every 0.25 s meanwhile."""
+    from . import hostile
+
+    answers: list[tuple[int, dict, float]] = []
+    probes: list[tuple[int, float]] = []
+    done = asyncio.Event()
+
+    async def probing() -> None:
+        while not done.is_set():
+            probes.append(await hostile.probe(health_port))
+            await asyncio.sleep(0.25)
+
+    prober = asyncio.create_task(probing())
+    for _ in range(reviews):
+        answers.append(await hostile.fresh_review(port, str(cafile), body))
+        await asyncio.sleep(spacing)
+    done.set()
+    await prober
+    return answers, probes
+
+
+def _hold_attack(name: str, what: str, floods: Sequence[tuple[str, int]], layout: certs.Layout, workdir: Path,
+                 pin: Pinning, opts: argparse.Namespace) -> Held:
+    result = Held(name, what)
+    srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning", health=True)
+    flooders: list[Flooder] = []
+    peak = [0.0]
+    sampling = True
+
+    def sample() -> None:
+        while sampling:
+            peak[0] = max(peak[0], rss_mib(srv.proc.pid) or 0.0)
+            time.sleep(0.1)
+
+    import threading
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    try:
+        result.rss_before = rss_mib(srv.proc.pid)
+        sampler.start()
+        for i, (kind, count) in enumerate(floods):
+            flooders.append(Flooder(kind, count, srv.port, layout.ca_cert, pin.load, workdir / f"flood-{i}.log"))
+        result.held = all(f.wait_holding(60) for f in flooders)
+        time.sleep(1.0)  # the flood in place: the server has had to deal with it
+        body = review_body(pod("slice"))
+        answers, result.probes = asyncio.run(_during(srv.port, srv.health_port, layout.ca_cert, body,
+                                                     opts.hostile_reviews, 0.5))
+        result.reviews = [(status, seconds) for status, _, seconds in answers]
+        result.correct = sum(1 for status, answer, _ in answers
+                             if status == 200 and answer.get("response", {}).get("patchType") == "JSONPatch")
+    finally:
+        result.floods = [f.stop() for f in flooders]
+        sampling = False
+        sampler.join(2)
+        result.rss_peak = peak[0] or None
+        srv.stop()
+    return result
+
+
+def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argparse.Namespace) -> list[list[str]]:
+    """Attacks 4-6 and the idle deadline, each one request against a fresh server."""
+    from . import hostile
+
+    srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning")
+    ca = str(layout.ca_cert)
+    rows: list[list[str]] = []
+    try:
+        def with_value(value: str) -> bytes:
+            resources = (obj := pod("slice"))["spec"]["containers"][0]["resources"]
+            resources["limits"][MEMORY] = value
+            resources["requests"].pop(MEMORY)
+            return review_body(obj)
+
+        async def go() -> None:
+            gz = hostile.post(PATH, review_body(pod("slice")), close=True, extra="Content-Encoding: gzip\r\n")
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port, ssl=hostile.client_context(ca))
+            writer.write(gz)
+            try:
+                status, headers, _ = await asyncio.wait_for(hostile.read_answer(reader), 10)
+            except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError):
+                status, headers = 0, {}
+            writer.transport.abort()
+            rows.append(["`Content-Encoding: gzip`, plain body", f"HTTP {status}",
+                         f"`Server: {headers.get('server', '(none)')}`"])
+            status, answer, _ = await hostile.fresh_review(srv.port, ca, with_value("9" * 2_000_000), timeout=30)
+            size = len(orjson.dumps(answer))
+            message = answer.get("response", {}).get("status", {}).get("message", "")
+            rows.append(["a 2 MB quantity string", f"HTTP {status}, answer {size:,} bytes",
+                         f"denial message {len(message)} characters"])
+            for value in ("１", "1_6"):
+                status, answer, _ = await hostile.fresh_review(srv.port, ca, with_value(value))
+                allowed = answer.get("response", {}).get("allowed")
+                rows.append([f"quantity `{value!r}`", f"HTTP {status}",
+                             "allowed" if allowed else "denied" if allowed is False else "no answer"])
+            idle, kept = await asyncio.gather(
+                hostile.time_to_close(srv.port, ca),
+                hostile.time_to_close(srv.port, ca, hostile.post(PATH, review_body(pod("slice")))))
+            rows.append(["a connection that sends nothing", "closed after " + (f"{idle:.1f} s" if idle else "> 120 s"),
+                         ""])
+            rows.append(["a kept-alive connection after one review",
+                         "closed after " + (f"{kept:.1f} s" if kept else "> 120 s"), ""])
+
+        asyncio.run(go())
+    finally:
+        srv.stop()
+    return rows
+
+
+def part_hostile(opts: argparse.Namespace, workdir: Path) -> Section:
+    sec = Section("5. Hostile clients: the listener while an attack is held")
+    layout = certs.ensure(workdir / "certs", ips=("127.0.0.1",))
+    pin = Pinning.detect()
+    print(f"[hostile] {pin.note}", flush=True)
+    rows = []
+    results = []
+    for name, what, floods in ATTACKS:
+        print(f"[hostile] {name}: {what}", flush=True)
+        held = _hold_attack(name, what, floods, layout, workdir, pin, opts)
+        results.append(held)
+        served = [s for status, s in held.reviews if status == 200]
+        worst_probe = max((s for _, s in held.probes), default=None)
+        failed_probes = sum(1 for status, _ in held.probes if status != 200)
+        rows.append([name, what, f"{held.correct} of {len(held.reviews)}",
+                     fmt(max(served) * 1e3, 0) if served else "-",
+                     f"{fmt(worst_probe * 1e3, 0)} ms" + (f" ({failed_probes} failed)" if failed_probes else "")
+                     if worst_probe is not None else "-",
+                     f"{fmt(held.rss_before, 0)} → {fmt(held.rss_peak, 0)}",
+                     "; ".join(f"{f.get('kind')}: {f.get('opened', 0):,} opened" for f in held.floods)
+                     + ("" if held.held else " (the flood never reached its size)")])
+    sec.lines += [
+        "Each attack runs against a fresh webhook server (pinned like part 1) from a separate process "
+        "(`python -m hami_mt_webhook.hostile`), which reopens every connection the server closes. Once the "
+        f"flood is up, {opts.hostile_reviews} fresh reviews are sent 0.5 s apart, each on a new connection as "
+        "kube-apiserver does after its pooled connections were cut, and `/readyz` is probed every 0.25 s. "
+        "A review counts as answered correctly when it comes back HTTP 200 with the expected patch.",
+        "",
+        *table(["attack", "what the clients do", "fresh reviews answered", "max latency (ms)", "/readyz worst",
+                "RSS MiB (before → peak)", "flood"], rows),
+        "",
+        "Single requests and the idle deadline, against a fresh server:",
+        "",
+        *table(["client", "answer", "detail"], _odd_requests(layout, workdir, pin, opts)),
+    ]
+    for held in results:
+        served = [s for status, s in held.reviews if status == 200]
+        sec.reading.append(
+            f"Hostile clients, {held.name}: {held.correct} of {len(held.reviews)} fresh reviews answered"
+            + (f" (max {max(served) * 1e3:.0f} ms)" if served else "")
+            + f", peak RSS {fmt(held.rss_peak, 0)} MiB.")
+    return sec
+
+
 # --- the report ---------------------------------------------------------------------------------------
 
 
@@ -1210,7 +1444,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m hami_mt_webhook.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default=",".join(PARTS),
-                   help=f"comma-separated subset of {', '.join(PARTS)} (or 1-4) [all]")
+                   help=f"comma-separated subset of {', '.join(PARTS)} (or 1-6) [all]")
     p.add_argument("--skip-apiserver", action="store_true", help="leave out part 4 (no control plane needed)")
     p.add_argument("--quick", action="store_true", help="2 s per load point, fewer repeats, 60 pods: a smoke run")
     p.add_argument("--duration", type=float, default=None, help="seconds per load point [10; --quick: 2]")
@@ -1229,6 +1463,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--scale-churn", type=float, default=100.0, help="part scale: node status updates/s [100]")
     p.add_argument("--churn-seconds", type=float, default=60.0,
                    help="part scale: seconds of churn (600 for the 10-minute memory figure) [60]")
+    p.add_argument("--hostile-reviews", type=int, default=20, help="fresh reviews per attack in part 5 [20]")
     p.add_argument("--profile", action="store_true",
                    help="add cProfiles: of review.handle over the mix (part 2) and of the server under load (part 1)")
     p.add_argument("--write", type=Path, metavar="FILE", help="also write the report as Markdown (docs/PERFORMANCE.md)")
@@ -1267,6 +1502,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 sec = part_inprocess(opts)
             elif part == "index":
                 sec = part_index(opts)
+            elif part == "hostile":
+                sec = part_hostile(opts, workdir)
             elif part == "scale":
                 from .bench_scale import part_scale
                 sec = part_scale(opts, workdir / "scale")

@@ -103,7 +103,22 @@ def issue(ca: KeyPair, cn: str, *, dns: Iterable[str] = (), ips: Iterable[str] =
 def service_names(service: str, namespace: str) -> list[str]:
     """The DNS names kube-apiserver may use to reach a Service."""
     return [service, f"{service}.{namespace}", f"{service}.{namespace}.svc",
-            f"{service}.{namespace}.svc.cluster.local", "localhost"]
+            f"{service}.{namespace}.svc.cluster.local"]
+
+
+#: What the local playground and the tests add (`certs --san`): the webhook on loopback.
+LOCAL_SANS = ("localhost", "127.0.0.1", "::1")
+
+
+def split_sans(names: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Extra subject alternative names as (DNS names, IP addresses)."""
+    dns, ips = [], []
+    for name in names:
+        try:
+            ips.append(str(ipaddress.ip_address(name)))
+        except ValueError:
+            dns.append(name)
+    return dns, ips
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -153,8 +168,12 @@ class Layout:
 
 
 def ensure(root: Path, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
-           extra_dns: Iterable[str] = (), days: float = SERVING_DAYS) -> Layout:
-    """Create the CA and serving certificate if missing; keep what is there."""
+           extra_dns: Iterable[str] = (), days: float = SERVING_DAYS, ips: Iterable[str] = ()) -> Layout:
+    """Create the CA and serving certificate if missing; keep what is there.
+
+    The serving certificate names the Service only, unless `extra_dns` and `ips` ask for more
+    (a certificate valid for 127.0.0.1 would let anything on a node's loopback impersonate the webhook).
+    """
     layout = Layout(Path(root))
     if layout.ca_cert.exists() and layout.ca_key.exists():
         ca = load_pair(layout.ca_cert, layout.ca_key)
@@ -164,14 +183,15 @@ def ensure(root: Path, service: str = "hami-mt-webhook", namespace: str = "hami-
     if not layout.bundle.exists():
         write_atomic(layout.bundle, ca.cert_pem())
     if not (layout.tls_cert.exists() and layout.tls_key.exists()):
-        _serve(layout, ca, service, namespace, extra_dns, days)
+        _serve(layout, ca, service, namespace, extra_dns, days, ips)
     return layout
 
 
 def _serve(layout: Layout, ca: KeyPair, service: str, namespace: str,
-           extra_dns: Iterable[str], days: float) -> KeyPair:
-    pair = issue(ca, f"{service}.{namespace}.svc", dns=[*service_names(service, namespace), *extra_dns],
-                 ips=["127.0.0.1", "::1"], days=days)
+           extra_dns: Iterable[str], days: float, ips: Iterable[str]) -> KeyPair:
+    names = service_names(service, namespace)
+    pair = issue(ca, f"{service}.{namespace}.svc", dns=[*names, *(d for d in extra_dns if d not in names)],
+                 ips=list(ips), days=days)
     write_pair(pair, layout.tls_cert, layout.tls_key)
     return pair
 
@@ -184,8 +204,8 @@ def due(cert: x509.Certificate, now: dt.datetime | None = None) -> bool:
 
 
 def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
-           extra_dns: Iterable[str] = (), days: float = SERVING_DAYS, force: bool = False,
-           new_authority: bool = False, drop_old: bool = False) -> list[str]:
+           extra_dns: Iterable[str] | None = None, days: float = SERVING_DAYS, force: bool = False,
+           new_authority: bool = False, drop_old: bool = False, ips: Iterable[str] | None = None) -> list[str]:
     """Renew what is due; return what was done, one line each.
 
     Replacing the CA takes three steps, so the API server always trusts the certificate served:
@@ -193,8 +213,14 @@ def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "ha
        serving certificate (from the old CA) stays. Put the bundle into the webhook configurations.
     2. `force`: a serving certificate from the new CA; the servers reload it in place.
     3. `drop_old`: the bundle holds the new CA only. Put it into the webhook configurations.
+
+    A renewed serving certificate keeps the current one's extra names unless `extra_dns`/`ips` are given.
     """
-    layout = ensure(root, service, namespace, extra_dns, days)
+    layout = ensure(root, service, namespace, extra_dns or (), days, ips or ())
+    if extra_dns is None or ips is None:
+        kept_dns, kept_ips = current_extra_sans(layout.tls_cert, service, namespace)
+        extra_dns = kept_dns if extra_dns is None else extra_dns
+        ips = kept_ips if ips is None else ips
     done: list[str] = []
     ca = load_pair(layout.ca_cert, layout.ca_key)
     if new_authority:
@@ -205,12 +231,24 @@ def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "ha
         done.append(f"new CA; {layout.bundle.name} holds the new and the old CA: apply it to the webhook "
                     "configurations, then run `certs --rotate --force` to serve a certificate from the new CA")
     elif force or due(x509.load_pem_x509_certificate(layout.tls_cert.read_bytes())):
-        pair = _serve(layout, ca, service, namespace, extra_dns, days)
+        pair = _serve(layout, ca, service, namespace, extra_dns, days, ips)
         done.append(f"new serving certificate, valid until {pair.cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
     if drop_old:
         write_atomic(layout.bundle, ca.cert_pem())
         done.append(f"{layout.bundle.name} holds the current CA only: apply it to the webhook configurations")
     return done
+
+
+def current_extra_sans(cert_path: Path, service: str, namespace: str) -> tuple[list[str], list[str]]:
+    """The DNS names beyond the Service's, and the IP addresses, of a serving certificate."""
+    cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return [], []
+    names = set(service_names(service, namespace))
+    return ([d for d in sans.get_values_for_type(x509.DNSName) if d not in names],
+            [str(i) for i in sans.get_values_for_type(x509.IPAddress)])
 
 
 def expiry(cert_path: Path) -> dt.datetime:

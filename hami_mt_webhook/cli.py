@@ -63,6 +63,20 @@ def build_parser() -> argparse.ArgumentParser:
                             "[HAMI_MT_CLIENT_CA]")
     serve.add_argument("--reload-interval", type=float, default=_env("HAMI_MT_RELOAD_INTERVAL", "10"),
                        help="seconds between checks of the certificate files [HAMI_MT_RELOAD_INTERVAL; 10]")
+    limits = serve.add_argument_group("listener limits (docs/operating.md)")
+    limits.add_argument("--max-connections", type=int, default=_env("HAMI_MT_MAX_CONNECTIONS", "1024"),
+                        help="open connections on the webhook port, TLS handshakes included; at the limit idle ones "
+                             "make room for a new one [HAMI_MT_MAX_CONNECTIONS; 1024]")
+    limits.add_argument("--handshake-timeout", type=float, default=_env("HAMI_MT_HANDSHAKE_TIMEOUT", "5"),
+                        help="seconds from accept to the TLS handshake done [HAMI_MT_HANDSHAKE_TIMEOUT; 5]")
+    limits.add_argument("--idle-timeout", type=float, default=_env("HAMI_MT_IDLE_TIMEOUT", "10"),
+                        help="seconds a connection may wait for its next request [HAMI_MT_IDLE_TIMEOUT; 10]")
+    limits.add_argument("--request-timeout", type=float, default=_env("HAMI_MT_REQUEST_TIMEOUT", "10"),
+                        help="seconds from a request's first byte to all of it, and again for the answer "
+                             "[HAMI_MT_REQUEST_TIMEOUT; 10]")
+    limits.add_argument("--write-timeout", type=float, default=_env("HAMI_MT_WRITE_TIMEOUT", "10"),
+                        help="seconds to write an answer out to a client that does not read it "
+                             "[HAMI_MT_WRITE_TIMEOUT; 10]")
     serve.add_argument("--health-port", type=int, default=_env("HAMI_MT_HEALTH_PORT", "8080"),
                        help="HTTP port for /readyz and /livez [HAMI_MT_HEALTH_PORT; 8080]")
     serve.add_argument("--metrics-port", type=int, default=_env("HAMI_MT_METRICS_PORT", "9090"),
@@ -107,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     ct.add_argument("--dir", default=DEFAULT_CERTS, help="certificate directory [certs]")
     ct.add_argument("--service", default="hami-mt-webhook", help="Service name for the DNS SANs")
     ct.add_argument("--namespace", default="hami-mt-webhook", help="Service namespace for the DNS SANs")
+    ct.add_argument("--san", action="append", default=None, metavar="NAME_OR_IP",
+                    help="an extra DNS name or IP address for the serving certificate, beyond the Service's "
+                         "(e.g. 127.0.0.1 for a webhook on loopback); repeatable; with --rotate, the current "
+                         "certificate's extra names are kept unless given")
     ct.add_argument("--days", type=float, default=365, help="serving certificate lifetime in days [365]")
     ct.add_argument("--rotate", action="store_true",
                     help="renew the serving certificate if 2/3 of its lifetime has passed")
@@ -157,9 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from . import logs, server
+    from .listener import Limits
 
     logs.setup(args.log_level, args.log_format)
     config = _load_config(args)
+    limits = Limits(max_connections=args.max_connections, handshake_timeout=args.handshake_timeout,
+                    idle_timeout=args.idle_timeout, request_timeout=args.request_timeout,
+                    write_timeout=args.write_timeout)
     for path in (args.cert_file, args.key_file):
         if not Path(path).is_file():
             raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")
@@ -168,7 +190,7 @@ def _serve(args: argparse.Namespace) -> int:
     state = server.State(config)
     webhook = server.AdmissionServer(state, addr=args.listen, port=args.port, certfile=args.cert_file,
                                      pkeyfile=args.key_file, client_ca=args.client_ca,
-                                     reload_interval=args.reload_interval)
+                                     reload_interval=args.reload_interval, limits=limits)
     try:
         import uvloop
         runner = uvloop.run
@@ -184,12 +206,15 @@ def _certs(args: argparse.Namespace) -> int:
     from . import certs
 
     root = Path(args.dir)
+    dns, ips = certs.split_sans(args.san or ())
     if args.rotate:
         done = certs.rotate(root, service=args.service, namespace=args.namespace, days=args.days,
-                            force=args.force, new_authority=args.new_ca, drop_old=args.drop_old_ca)
+                            force=args.force, new_authority=args.new_ca, drop_old=args.drop_old_ca,
+                            extra_dns=dns if args.san is not None else None,
+                            ips=ips if args.san is not None else None)
         for line in done or ["nothing due: the serving certificate is within 2/3 of its lifetime"]:
             print(line)
-    layout = certs.ensure(root, args.service, args.namespace, days=args.days)
+    layout = certs.ensure(root, args.service, args.namespace, extra_dns=dns, ips=ips, days=args.days)
     try:
         from . import manifests
         docs = manifests.with_ca_bundle(manifests.load(), layout.bundle.read_bytes())

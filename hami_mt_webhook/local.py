@@ -73,7 +73,8 @@ class LocalWebhook:
         self.extra_args = list(extra_args)
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
-        self.certs = certs.ensure(certs_dir or self.workdir / "certs")
+        dns, ips = certs.split_sans(certs.LOCAL_SANS)  # the webhook is reached on loopback
+        self.certs = certs.ensure(certs_dir or self.workdir / "certs", extra_dns=dns, ips=ips)
         self.log = self.workdir / f"webhook-{self.port}.log"
         self.kubeconfig = self.workdir / "webhook.kubeconfig"
 

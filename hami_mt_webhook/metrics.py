@@ -47,6 +47,11 @@ class Metrics:
         self.relists = Counter("hami_mt_webhook_node_relists",
                                "Complete node sets built from the API server (the first sync included).",
                                registry=r)
+        self.connections = Gauge("hami_mt_webhook_connections",
+                                 "Open connections on the webhook port, TLS handshakes included.", registry=r)
+        self.connections_closed = Counter("hami_mt_webhook_connections_closed",
+                                          "Connections the listener closed: refused, shed to make room for a new "
+                                          "one, or past a deadline; by reason and phase.", ["reason"], registry=r)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""
@@ -74,3 +79,6 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def connection_closed(self, reason: str) -> None:
+        self._child(self.connections_closed, reason).inc()

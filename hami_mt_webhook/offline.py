@@ -20,6 +20,7 @@ from . import review, workloads
 from .capacity import ClusterView
 from .config import Config
 from .decision import Decision
+from .text import clip
 
 
 class InputError(ValueError):
@@ -154,7 +155,7 @@ def run_review(files: list[str], node_files: list[str], config: Config, output: 
         skipped = [item for item in todo if item.skipped]
         if strict and skipped:
             first = skipped[0]
-            named = " ".join(str(part) for part in (first.doc["kind"], _name(first.doc)[0]) if part)
+            named = " ".join(clip(str(part)) for part in (first.doc["kind"], _name(first.doc)[0]) if part)
             raise InputError(f"{first.source}: {named} is not judged "
                              f"(--strict; {len(skipped)} such object{'s' if len(skipped) > 1 else ''}): review "
                              f"judges {JUDGED}")
@@ -176,7 +177,7 @@ def run_review(files: list[str], node_files: list[str], config: Config, output: 
 def _text(item: Item, obj: dict[str, Any]) -> str:
     if obj.get("skipped"):
         where = f"{obj['namespace']}/{obj['name']}" if obj["namespace"] else str(obj["name"])
-        return f"{str(obj['kind']).lower()} {where}: skipped\n"
+        return f"{clip(str(obj['kind'])).lower()} {where}: skipped\n"
     if "response" in obj:  # an AdmissionReview
         r = obj["response"]
         verdict = "allowed" if r["allowed"] else f"DENIED: {r['status']['message']}"

@@ -13,6 +13,7 @@ from . import rules, workloads
 from .capacity import ClusterView
 from .config import Config
 from .decision import Decision
+from .text import quote
 
 #: A pod rule: the pod being created in, the decision out.
 Rule = Callable[[Any, ClusterView, Config], Decision]
@@ -148,11 +149,19 @@ class Reply:
 
 def handle(body: bytes, webhook: str, view: ClusterView, config: Config) -> Reply:
     """The HTTP seam: status code and body for a POST to /<webhook>."""
+    try:
+        review = parse(body) if webhook in WEBHOOKS else {}
+    except BadReview as err:
+        return Reply(400, orjson.dumps({"error": str(err)}))
+    return handle_parsed(review, webhook, view, config)
+
+
+def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config) -> Reply:
+    """`handle` for a body already decoded with `parse` (the server decodes large bodies in a thread)."""
     handler = WEBHOOKS.get(webhook)
     if handler is None:
-        return Reply(404, orjson.dumps({"error": f"no webhook {webhook!r}; known: {', '.join(WEBHOOKS)}"}))
+        return Reply(404, orjson.dumps({"error": f"no webhook {quote(webhook)}; known: {', '.join(WEBHOOKS)}"}))
     try:
-        review = parse(body)
         request, _ = request_of(review)
         out, decision = answer(review, handler, view, config)
     except BadReview as err:

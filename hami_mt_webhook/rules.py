@@ -7,7 +7,6 @@ webhook. Both take plain dicts and return a Decision; neither does I/O.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ from .capacity import Candidates, ClusterView
 from .config import CORES_PER_CARD, Config
 from .decision import Decision, Patch
 from .quantities import QuantityError, gib, listing, snap_up, valid_set, whole
+from .text import clip, quote, show
 
 DEFAULT_SCHEDULER = "default-scheduler"
 #: A pod labelled so skips the mutating webhook (its objectSelector); the validating rules still apply (§4.8).
@@ -207,7 +207,7 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     scheduler = spec.get("schedulerName") or ""
     if scheduler not in ("", DEFAULT_SCHEDULER, config.scheduler_name):
         return Decision(object=pod, warnings=[
-            f"pod names scheduler {scheduler!r}: hami-mt-webhook leaves it unchanged, "
+            f"pod names scheduler {quote(scheduler)}: hami-mt-webhook leaves it unchanged, "
             f"and HAMi accounts for sGPU slices only on {config.scheduler_name}"])
     if not view.ready:
         raise Denied("hami-mt-webhook is starting and has not yet read the nodes' sGPU capacities; "
@@ -242,7 +242,7 @@ _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral 
 def _label(group: str, index: int, container: Any) -> str:
     name = container.get("name") if isinstance(container, dict) else None
     kind = _KINDS.get(group, "container")
-    return f'{kind} "{name}"' if isinstance(name, str) and name else f"{kind} #{index}"
+    return f'{kind} "{clip(name)}"' if isinstance(name, str) and name else f"{kind} #{index}"
 
 
 def _slots(pod: Any, config: Config) -> list[Slot]:
@@ -304,7 +304,7 @@ def _pod_checks(pod: dict, slots: list[Slot], config: Config) -> None:
     """§4.3 and §4.6: placement is hami-scheduler's, and so are its bind-time annotations."""
     spec = pod["spec"]
     if spec.get("nodeName"):
-        raise Denied(f"the pod sets spec.nodeName {spec['nodeName']!r}, but a pod with sGPU slices must be "
+        raise Denied(f"the pod sets spec.nodeName {quote(spec['nodeName'])}, but a pod with sGPU slices must be "
                      f"placed by {config.scheduler_name}; remove nodeName and use a nodeSelector on "
                      "kubernetes.io/hostname instead", "node-name")
     for slot in slots:
@@ -328,7 +328,7 @@ def _quantity(slot: Slot, resource: str, config: Config) -> int | None:
         if resource not in source:
             continue
         raw = source[resource]
-        shown = json.dumps(raw) if isinstance(raw, (str, int, float, bool)) or raw is None else type(raw).__name__
+        shown = show(raw)
         if resource == config.memory and isinstance(raw, str) and raw.endswith(("Ki", "Mi", "Gi", "Ti")):
             raise Denied(f"{slot.label}: {resource} {part} {shown} is a byte size, but {resource} counts "
                          "512 MiB units: write 2 for 1 GiB, 32 for 16 GiB", "quantity")

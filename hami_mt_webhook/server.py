@@ -16,18 +16,22 @@ import logging
 import ssl
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp.web
 import kopf
+import orjson
+from aiohttp import hdrs
 
 from . import certs, nodewatch, review
 from .capacity import ClusterView
 from .config import Config
 from .listener import GuardedHandler, Limits, Listener
 from .metrics import Metrics
+from .text import clip, quote
 
 logger = logging.getLogger("hami_mt_webhook")
 
@@ -44,11 +48,16 @@ class State:
 
 
 def tls_context(certfile: str | Path, keyfile: str | Path, client_ca: str | Path | None = None) -> ssl.SSLContext:
-    """TLS 1.2 at least (1.3 preferred), forward-secret AEAD ciphers, HTTP/1.1 only."""
+    """TLS 1.2 at least (1.3 preferred), forward-secret AEAD ciphers, HTTP/1.1 only.
+
+    No session tickets: their key would live as long as the process, and the API server keeps its
+    connections open rather than resuming sessions.
+    """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_ciphers(CIPHERS)
-    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE
+    ctx.options |= ssl.OP_NO_COMPRESSION | ssl.OP_CIPHER_SERVER_PREFERENCE | ssl.OP_NO_TICKET
+    ctx.num_tickets = 0  # TLS 1.3 sends tickets unless told not to
     ctx.set_alpn_protocols(["http/1.1"])
     ctx.load_cert_chain(str(certfile), str(keyfile))
     if client_ca:
@@ -76,13 +85,20 @@ class AdmissionServer(kopf.WebhookServer):
         self.listener: Listener | None = None
         self._current: ssl.SSLContext | None = None
         self._digest = b""
+        self._big_lane: asyncio.Semaphore | None = None
+        self._decoder: ThreadPoolExecutor | None = None
 
     async def __call__(self, fn: Any = None) -> AsyncIterator[dict[str, str]]:
         """Serve until cancelled; yields the client config once (kopf's server protocol)."""
         context = self._load()
         app = aiohttp.web.Application(client_max_size=self.limits.max_body)
         app.router.add_post("/{id}", self._serve_review)
-        self.listener = listener = Listener(app, self.addr or "0.0.0.0", self.port or 0, context, self.limits)
+        metrics = self.state.metrics
+        self.listener = listener = Listener(app, self.addr or "0.0.0.0", self.port or 0, context, self.limits,
+                                            on_close=metrics.connection_closed)
+        metrics.connections.set_function(lambda: listener.connections)
+        self._big_lane = asyncio.Semaphore(self.limits.big_concurrency)
+        self._decoder = decoder = ThreadPoolExecutor(self.limits.big_concurrency, thread_name_prefix="decode")
         await listener.start()
         try:
             self.port = listener.port
@@ -99,6 +115,7 @@ class AdmissionServer(kopf.WebhookServer):
             self.listening.clear()
             logger.info("draining: no new connections, finishing in-flight reviews")
             await asyncio.shield(listener.stop())
+            decoder.shutdown(wait=False)
 
     def _files_digest(self) -> bytes:
         h = hashlib.sha256()
@@ -143,20 +160,49 @@ class AdmissionServer(kopf.WebhookServer):
         except (OSError, ValueError):
             pass
 
+    async def _answer(self, request: aiohttp.web.Request, webhook: str) -> review.Reply:
+        """Read and answer one review; a large body waits for the big lane and is decoded in a thread.
+
+        Decoding a few MiB of JSON takes tens of milliseconds; on the event loop it would delay every
+        other connection and the probes. Bodies of unknown length count as large.
+        """
+        state, protocol = self.state, request.protocol
+        length = request.content_length
+        if length is not None and length < self.limits.big_body or self._big_lane is None:
+            body = await request.read()
+            if isinstance(protocol, GuardedHandler):
+                protocol.request_read()
+            return review.handle(body, webhook, state.view, state.config)
+        async with self._big_lane:
+            body = await request.read()
+            if isinstance(protocol, GuardedHandler):
+                protocol.request_read()
+            if webhook not in review.WEBHOOKS:
+                return review.handle_parsed({}, webhook, state.view, state.config)
+            try:
+                parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
+            except review.BadReview as err:
+                return review.Reply(400, orjson.dumps({"error": str(err)}))
+        return review.handle_parsed(parsed, webhook, state.view, state.config)
+
     async def _serve_review(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         webhook = request.match_info["id"]
         label = webhook if webhook in review.WEBHOOKS else "unknown"  # a label per random path would never end
         started = time.perf_counter()
-        try:
-            body = await request.read()
-        except aiohttp.web.HTTPRequestEntityTooLarge:
-            self.state.metrics.bad_requests.labels(label).inc()
-            raise
-        if isinstance(request.protocol, GuardedHandler):
-            request.protocol.request_read()
         state = self.state
+        encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
+        if encoding not in ("", "identity"):  # the body is not read: a compressed review is refused whole
+            state.metrics.bad_requests.labels(label).inc()
+            response = aiohttp.web.json_response(
+                {"error": f"Content-Encoding {quote(encoding)} is not supported; send the review uncompressed"},
+                status=415)
+            response.force_close()
+            return response
         try:
-            reply = review.handle(body, webhook, state.view, state.config)
+            reply = await self._answer(request, webhook)
+        except aiohttp.web.HTTPRequestEntityTooLarge:
+            state.metrics.bad_requests.labels(label).inc()
+            raise
         except Exception:  # a bug in the rules must still give the API server an answer, not a 500 trace
             logger.exception("review on /%s failed", webhook)
             reply = review.Reply(400, b'{"error":"the review could not be evaluated"}')
@@ -177,14 +223,22 @@ def _log(webhook: str, request: dict[str, Any], decision: Any) -> None:
     """One structured line per denial and per mutation; allowed no-ops stay silent."""
     obj = request.get("object") if isinstance(request.get("object"), dict) else {}
     meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
-    extra = {"webhook": webhook, "namespace": request.get("namespace") or meta.get("namespace"),
-             "kind": (request.get("kind") or {}).get("kind") if isinstance(request.get("kind"), dict) else None,
-             "object": meta.get("name") or meta.get("generateName"), "uid": request.get("uid"),
+    kind = request.get("kind")
+    extra = {"webhook": webhook, "namespace": _clipped(request.get("namespace") or meta.get("namespace")),
+             "kind": _clipped(kind.get("kind")) if isinstance(kind, dict) else None,
+             "object": _clipped(meta.get("name") or meta.get("generateName")), "uid": _clipped(request.get("uid")),
              "dry_run": bool(request.get("dryRun"))}
     if not decision.allowed:
         logger.info("denied: %s", decision.message, extra={**extra, "reason": decision.reason})
     else:
         logger.info("mutated: %s", ", ".join(decision.mutations), extra={**extra, "warnings": decision.warnings})
+
+
+def _clipped(value: Any) -> Any:
+    """A request's value in a log field: strings cut to their first 64 characters, other shapes by type."""
+    if isinstance(value, str):
+        return clip(value)
+    return value if value is None or isinstance(value, bool | int | float) else type(value).__name__
 
 
 def register(registry: kopf.OperatorRegistry, state: State) -> None:

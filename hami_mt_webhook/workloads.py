@@ -15,6 +15,7 @@ from . import rules
 from .capacity import ClusterView
 from .config import Config
 from .decision import Decision
+from .text import clip
 
 #: Kind -> (API group, path of the pod template in the object). Pod templates of other kinds are not checked.
 TEMPLATES: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -45,7 +46,7 @@ def label(workload: Any, kind: str) -> str:
     """`Deployment "train"`: how messages name the workload."""
     meta = workload.get("metadata") if isinstance(workload, Mapping) else None
     name = (meta.get("name") or meta.get("generateName")) if isinstance(meta, Mapping) else None
-    return f'{kind} "{name}"' if isinstance(name, str) and name else kind
+    return f'{kind} "{clip(name)}"' if isinstance(name, str) and name else kind
 
 
 def pod_of(workload: Any, kind: str) -> dict[str, Any] | None:

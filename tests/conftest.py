@@ -44,7 +44,8 @@ def make_pod() -> Callable[..., dict[str, Any]]:
 @pytest.fixture
 def certs_dir(tmp_path: Path) -> certs.Layout:
     """A CA and a serving certificate (SANs include 127.0.0.1) in a fresh directory."""
-    return certs.ensure(tmp_path / "certs")
+    dns, ips = certs.split_sans(certs.LOCAL_SANS)
+    return certs.ensure(tmp_path / "certs", extra_dns=dns, ips=ips)
 
 
 @dataclass

@@ -45,16 +45,39 @@ def test_ensure_replaces_only_what_is_missing(tmp_path):
 
 
 def test_sans_and_usages(tmp_path):
-    layout = certs.ensure(tmp_path, service="hook", namespace="gpu", extra_dns=["hook.example.com"])
+    layout = certs.ensure(tmp_path, service="hook", namespace="gpu", extra_dns=["hook.example.com"], ips=["::1"])
     cert = load(layout.tls_cert)
     sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     dns = sans.get_values_for_type(x509.DNSName)
-    for name in ("hook", "hook.gpu", "hook.gpu.svc", "hook.gpu.svc.cluster.local", "localhost", "hook.example.com"):
-        assert name in dns
-    assert ipaddress.ip_address("127.0.0.1") in sans.get_values_for_type(x509.IPAddress)
+    assert sorted(dns) == sorted(["hook", "hook.gpu", "hook.gpu.svc", "hook.gpu.svc.cluster.local", "hook.example.com"])
+    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("::1")]
     usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert ExtendedKeyUsageOID.SERVER_AUTH in usages
     assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+
+
+def test_a_serving_certificate_names_only_the_service_unless_asked(tmp_path):
+    sans = load(certs.ensure(tmp_path).tls_cert).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sorted(sans.get_values_for_type(x509.DNSName)) == sorted(certs.service_names("hami-mt-webhook",
+                                                                                         "hami-mt-webhook"))
+    assert sans.get_values_for_type(x509.IPAddress) == []
+
+
+def test_rotation_keeps_the_extra_names_unless_given_new_ones(tmp_path):
+    certs.ensure(tmp_path, extra_dns=["localhost"], ips=["127.0.0.1"])
+    certs.rotate(tmp_path, force=True)
+    assert certs.current_extra_sans(tmp_path / "tls.crt", "hami-mt-webhook", "hami-mt-webhook") == \
+        (["localhost"], ["127.0.0.1"])
+    certs.rotate(tmp_path, force=True, extra_dns=[], ips=[])
+    assert certs.current_extra_sans(tmp_path / "tls.crt", "hami-mt-webhook", "hami-mt-webhook") == ([], [])
+
+
+def test_the_cli_adds_extra_names_on_request(tmp_path):
+    from hami_mt_webhook import cli
+
+    assert cli.main(["certs", "--dir", str(tmp_path), "--san", "127.0.0.1", "--san", "hook.example.com"]) == 0
+    assert certs.current_extra_sans(tmp_path / "tls.crt", "hami-mt-webhook", "hami-mt-webhook") == \
+        (["hook.example.com"], ["127.0.0.1"])
 
 
 def test_default_sans_are_the_service_names(certs_dir):

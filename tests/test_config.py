@@ -22,6 +22,9 @@ SERVE_ENV = {
     "--metrics-port": "HAMI_MT_METRICS_PORT", "--health-listen": "HAMI_MT_HEALTH_LISTEN",
     "--kubeconfig": "KUBECONFIG", "--log-level": "HAMI_MT_LOG_LEVEL", "--log-format": "HAMI_MT_LOG_FORMAT",
     "--node-watch": "HAMI_MT_NODE_WATCH", "--node-selector": "HAMI_MT_NODE_SELECTOR",
+    "--max-connections": "HAMI_MT_MAX_CONNECTIONS", "--handshake-timeout": "HAMI_MT_HANDSHAKE_TIMEOUT",
+    "--idle-timeout": "HAMI_MT_IDLE_TIMEOUT", "--request-timeout": "HAMI_MT_REQUEST_TIMEOUT",
+    "--write-timeout": "HAMI_MT_WRITE_TIMEOUT",
 }
 RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
@@ -193,3 +196,8 @@ def test_installed_command_help():
     assert proc.returncode == 0, proc.stderr
     for name in [*SERVE_ENV.values(), *config.ENV]:
         assert name in proc.stdout, name
+
+
+def test_serve_refuses_a_listener_limit_that_is_not_positive(capsys):
+    assert cli.main(["serve", "--idle-timeout", "0"]) == 2
+    assert "idle_timeout must be a positive number of seconds" in capsys.readouterr().err

@@ -635,3 +635,44 @@ def test_local_overlay_renders_with_kustomize(tmp_path: Path) -> None:
             "caBundle": base64.b64encode(CA_PEM).decode(),
         }
         assert hook["failurePolicy"] == ("Ignore" if name == WORKLOADS else "Fail") and hook["matchConditions"]
+
+
+# --- network-policy component ----------------------------------------------------------------------------
+
+
+def _policies() -> list[dict]:
+    root = manifests.base_dir() / "components" / "network-policy"
+    kustomization = yaml.safe_load((root / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Component"
+    return [d for r in kustomization["resources"] for d in yaml.safe_load_all((root / r).read_text()) if d]
+
+
+def test_network_policies_open_the_webhook_port_to_an_address_block_and_the_rest_to_one_namespace() -> None:
+    policies = {p["metadata"]["name"]: p for p in _policies()}
+    pod_labels = one(manifests.load(), "Deployment")["spec"]["template"]["metadata"]["labels"]
+    for policy in policies.values():
+        assert policy["kind"] == "NetworkPolicy" and policy["metadata"]["namespace"] == NS
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    admission = policies["hami-mt-webhook-admission"]["spec"]["ingress"]
+    assert [p["port"] for rule in admission for p in rule["ports"]] == [8443]
+    assert all(set(peer) == {"ipBlock"} for rule in admission for peer in rule["from"])
+    observability = policies["hami-mt-webhook-observability"]["spec"]["ingress"]
+    assert sorted(p["port"] for rule in observability for p in rule["ports"]) == [8080, 9090]
+    assert all(set(peer) == {"namespaceSelector"} for rule in observability for peer in rule["from"])
+
+
+def test_the_base_ships_no_network_policy() -> None:
+    assert not [d for d in manifests.load() if d.get("kind") == "NetworkPolicy"]
+
+
+@needs_kubectl
+def test_network_policy_component_renders_with_the_base(tmp_path: Path) -> None:
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../base/components/network-policy]\n"
+    )
+    rendered = kustomize(tmp_path / "overlay")
+    assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy") == [
+        "hami-mt-webhook-admission", "hami-mt-webhook-observability"]

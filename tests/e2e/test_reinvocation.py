@@ -49,7 +49,7 @@ class Labeler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def labeler(controlplane, webhook, tmp_path: Path) -> Iterator[type[Labeler]]:
-    layout = certs.ensure(tmp_path / "labeler")
+    layout = certs.ensure(tmp_path / "labeler", ips=("127.0.0.1",))
     server = ThreadingHTTPServer(("127.0.0.1", 0), Labeler)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(layout.tls_cert, layout.tls_key)

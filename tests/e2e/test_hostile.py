@@ -1,0 +1,49 @@
+"""A hostile tenant floods the webhook's port; kube-apiserver's calls must still get through."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from hami_mt_webhook.hostile import Flood
+
+from .support import CORE, MEMORY, VGPU, apply, metric, pod, resources, stored
+from .traffic import LoopThread
+
+
+@pytest.fixture(scope="module")
+def ns(controlplane, webhook):
+    name = "e2e-hostile"
+    controlplane.kubectl("create", "namespace", name)
+    return name
+
+
+def test_a_slice_pod_is_admitted_while_idle_connections_and_handshakes_flood_the_port(controlplane, webhook, ns):
+    lt = LoopThread()
+    stop = asyncio.Event()
+    floods = [Flood("idle", webhook.port, 900, str(webhook.certs.ca_cert)),  # more than the 1024 the listener keeps
+              Flood("half-hello", webhook.port, 300)]
+    held = [asyncio.Event() for _ in floods]
+    runs = [asyncio.run_coroutine_threadsafe(f.run(stop, h), lt.loop) for f, h in zip(floods, held, strict=True)]
+    try:
+        deadline = time.monotonic() + 60
+        while not all(h.is_set() for h in held):
+            assert time.monotonic() < deadline, f"the flood did not build up: {[f.stats() for f in floods]}"
+            time.sleep(0.2)
+        time.sleep(1.0)
+        for i in range(3):  # the API server's calls, with its pooled connections being shed around them
+            r = apply(controlplane, ns, pod(f"flooded-{i}", {VGPU: 1, MEMORY: 32, CORE: 8}))
+            assert r.returncode == 0, r.stderr
+            obj = stored(controlplane, ns, f"flooded-{i}")
+            assert obj["spec"]["schedulerName"] == "hami-scheduler"
+            assert resources(obj)[0] == {VGPU: "1", MEMORY: "32", CORE: "8"}
+        shed = metric(webhook, "hami_mt_webhook_connections_closed_total")
+        assert shed > 0, "the flood never reached the connection limit"
+        assert metric(webhook, "hami_mt_webhook_connections") <= 1024
+    finally:
+        lt.loop.call_soon_threadsafe(stop.set)
+        for run in runs:  # the floods let go of their sockets before the loop goes
+            run.result(30)
+        lt.close()
