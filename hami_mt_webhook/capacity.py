@@ -124,6 +124,13 @@ class ClusterView:
     def get(self, name: str) -> NodeReport | None:
         return self._nodes.get(name)
 
+    def nonstandard(self, config: Config) -> int:
+        """Sliced nodes whose per-card capacity is no known card size (overcommitted memory, §2).
+
+        Counted from the per-shape summary, so it costs the number of distinct shapes, not of nodes.
+        """
+        return sum(count for (per_card, _), count in self._shapes.items() if not config.known_size(per_card))
+
     def _drop_shape(self, node: NodeReport) -> None:
         shape = (node.per_card, node.cards)
         self._shapes[shape] -= 1

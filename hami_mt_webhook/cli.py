@@ -31,6 +31,10 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--memory-per-card", dest="memory_per_card",
                        help="comma-separated per-card capacities in 512 MiB units, used only when no node reports "
                             "(96 = S4000 48 GiB, 160 = S5000 80 GiB) [HAMI_MT_MEMORY_PER_CARD; 96]")
+    group.add_argument("--retired-schedulers", dest="retired_schedulers",
+                       help="comma-separated schedulers that no longer run (the vendor's, once disabled): slice "
+                            "pods naming one get the scheduler name instead, with a warning "
+                            "[HAMI_MT_RETIRED_SCHEDULERS; none]")
 
 
 def _load_config(args: argparse.Namespace) -> configuration.Config:

@@ -47,6 +47,9 @@ class Metrics:
         self.relists = Counter("hami_mt_webhook_node_relists",
                                "Complete node sets built from the API server (the first sync included).",
                                registry=r)
+        self.nonstandard = Gauge("hami_mt_webhook_nonstandard_capacity_nodes",
+                                 "Sliced nodes whose per-card sgpu-memory is not a known card size (96, 160 or a "
+                                 "memoryPerCard value): overcommitted memory, usually.", registry=r)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capacity import Candidates, ClusterView
-from .config import CORES_PER_CARD, Config
+from .config import CARD_SIZES, CORES_PER_CARD, Config
 from .decision import Decision, Patch
 from .quantities import QuantityError, gib, listing, snap_up, valid_set, whole
 
@@ -205,7 +205,8 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
 
     spec = pod["spec"]
     scheduler = spec.get("schedulerName") or ""
-    if scheduler not in ("", DEFAULT_SCHEDULER, config.scheduler_name):
+    retired = scheduler in config.retired_schedulers
+    if scheduler not in ("", DEFAULT_SCHEDULER, config.scheduler_name) and not retired:
         return Decision(object=pod, warnings=[
             f"pod names scheduler {scheduler!r}: hami-mt-webhook leaves it unchanged, "
             f"and HAMi accounts for sGPU slices only on {config.scheduler_name}"])
@@ -225,7 +226,11 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     patch = Patch(pod)
     if scheduler != config.scheduler_name:
         patch.set(("spec", "schedulerName"), config.scheduler_name)
-        mutations.append("scheduler")
+        mutations.append("retired-scheduler" if retired else "scheduler")
+    if retired:  # §4.2: unlike the plain rewrite, this one is worth a warning: the manifest is out of date
+        warnings.insert(0, f"pod names scheduler {_quote(scheduler)}, which is retired (--retired-schedulers): "
+                           f"set {config.scheduler_name}; write schedulerName: {config.scheduler_name} in the "
+                           "manifest, or leave it out")
     for slot in slots:
         if slot.asks:
             _write(patch, slot)
@@ -237,6 +242,15 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
 
 #: How messages call a container of each list of the pod spec.
 _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
+
+
+#: Messages quote at most this many characters of a value (SPEC.md §6).
+QUOTED = 64
+
+
+def _quote(value: str) -> str:
+    """A value as messages show it: repr, cut to QUOTED characters so a huge value cannot flood a reply."""
+    return repr(value if len(value) <= QUOTED else value[:QUOTED] + "...")
 
 
 def _label(group: str, index: int, container: Any) -> str:
@@ -414,18 +428,27 @@ def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str
         mutations.append("snap")
         m = tier
     if k is None:
-        warnings.append(f"{slot.label}: {config.memory} {m} without {config.core}: "
-                        "the runtime's default compute weight applies")
+        warnings.append(f"{slot.label}: {config.memory} {m} without {config.core}: the runtime's default "
+                        "compute weight applies, 1, the lowest (a time-slice weight, not a guaranteed share); "
+                        f"add {config.core} 1 to {CORES_PER_CARD} for a larger weight")
     slot.target = {config.vgpu: 1, config.memory: m}
     if k is not None:
         slot.target[config.core] = k
 
 
 def _capacity_note(cands: Candidates, config: Config) -> str:
-    if len(cands.capacities) < 2:
-        return ""
-    return (f"; the pod could land on cards of {listing(sorted(cands.capacities))} units, so the largest was "
-            "taken: pin a card model with a nodeSelector to get its exact capacity")
+    """What a fill's warning adds about the capacity it used: mixed candidates, or a size no card has (§2)."""
+    note = ""
+    if len(cands.capacities) > 1:
+        note = (f"; the pod could land on cards of {listing(sorted(cands.capacities))} units, so the largest was "
+                "taken: pin a card model with a nodeSelector to get its exact capacity")
+    largest = max(cands.capacities)
+    if not config.known_size(largest):
+        known = listing(sorted(CARD_SIZES | set(config.memory_per_card)))
+        note += (f"; {largest} units a card is not a known card size ({known}): the node's reported "
+                 f"{config.memory} likely includes the vendor's overcommit_ratio, which HAMi's scheduler "
+                 "accounts against too, so the card's memory is oversubscribed")
+    return note
 
 
 def _one_card(slots: list[Slot], cands: Candidates, config: Config) -> None:

@@ -26,6 +26,7 @@ SERVE_ENV = {
 RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
     "--core-resource": "core", "--whole-card-resources": "whole_card", "--memory-per-card": "memory_per_card",
+    "--retired-schedulers": "retired_schedulers",
 }
 RULE_ENV = {flag: next(env for env, name in config.ENV.items() if name == dest) for flag, dest in RULE_FLAGS.items()}
 
@@ -55,6 +56,8 @@ def test_defaults():
     ("HAMI_MT_WHOLE_CARD_RESOURCES", "whole_card", "a.io/gpu", "b.io/gpu,c.io/gpu", ("a.io/gpu",),
      ("b.io/gpu", "c.io/gpu")),
     ("HAMI_MT_MEMORY_PER_CARD", "memory_per_card", "160", "96,160", (160,), (96, 160)),
+    ("HAMI_MT_RETIRED_SCHEDULERS", "retired_schedulers", "a-sched", "b-sched, c-sched", ("a-sched",),
+     ("b-sched", "c-sched")),
 ])
 def test_flag_beats_env_beats_default(env, field, flag_value, env_value, flag_result, env_result):
     default = getattr(Config(), field)
@@ -90,6 +93,14 @@ def test_bad_memory_per_card(text, words):
     if text:
         with pytest.raises(ValueError):
             config.from_values(NONE, environ={"HAMI_MT_MEMORY_PER_CARD": text})
+
+
+@pytest.mark.parametrize("name", ["hami-scheduler", "default-scheduler"])
+def test_retired_schedulers_cannot_name_a_live_one(name):
+    """Retiring the name the webhook writes would warn on its own output forever (SPEC 4.7)."""
+    assert Config().retired_schedulers == ()
+    with pytest.raises(ValueError, match=f"must not include '{name}'"):
+        config.from_values({"retired_schedulers": f"mt-old,{name}"}, environ={})
 
 
 def test_resource_names_must_be_distinct():
