@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Node objects, e.g. `kubectl get nodes -o yaml` output; repeatable")
     rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per document, one per line")
+    rv.add_argument("-v", "--verbose", action="store_true",
+                    help="say, per object, which per-card capacities it was judged against and why: the sliced "
+                         "nodes its nodeSelector and required affinity allow, or the --memory-per-card fallback")
     rv.add_argument("--strict", action="store_true",
                     help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error (exit 2) "
                          "instead of being skipped")
@@ -143,7 +146,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "review":
             from .offline import run_review
-            return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict)
+            return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict,
+                              verbose=args.verbose)
         if args.command == "certs":
             return _certs(args)
         if args.command == "controlplane":
