@@ -18,6 +18,8 @@ VGPU, MEMORY, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.
 WHOLE = "mthreads.com/gpu"
 ON_S4000 = {"mthreads.com/gpu.product": "MTT-S4000"}
 ON_S5000 = {"mthreads.com/gpu.product": "MTT-S5000"}
+#: A scheduler the session's webhook treats as switched off (`--retired-schedulers`).
+RETIRED = "mt-retired-scheduler"
 
 
 def pod(name: str, *limits: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
