@@ -424,7 +424,8 @@ def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str
                          f"{largest} ({gib(largest)}); valid values: {listing(valid)}", "capacity")
         warnings.append(f"{slot.label}: {config.memory} {m} ({gib(m)}) snapped up to {tier} ({gib(tier)}), "
                         f"the next valid tier ({listing(valid)}); write {tier} in the manifest: a pod's "
-                        f"resources cannot change, so re-applying a pod manifest that says {m} fails")
+                        f"resources cannot change, so re-applying a pod manifest that says {m} fails"
+                        f"{_size_note(tier, config) if tier in cands.capacities else ''}")
         mutations.append("snap")
         m = tier
     if k is None:
@@ -442,13 +443,17 @@ def _capacity_note(cands: Candidates, config: Config) -> str:
     if len(cands.capacities) > 1:
         note = (f"; the pod could land on cards of {listing(sorted(cands.capacities))} units, so the largest was "
                 "taken: pin a card model with a nodeSelector to get its exact capacity")
-    largest = max(cands.capacities)
-    if not config.known_size(largest):
-        known = listing(sorted(CARD_SIZES | set(config.memory_per_card)))
-        note += (f"; {largest} units a card is not a known card size ({known}): the node's reported "
-                 f"{config.memory} likely includes the vendor's overcommit_ratio, which HAMi's scheduler "
-                 "accounts against too, so the card's memory is oversubscribed")
-    return note
+    return note + _size_note(max(cands.capacities), config)
+
+
+def _size_note(capacity: int, config: Config) -> str:
+    """§2: a per-card capacity no card has is used as reported, and every value written from it says so."""
+    if config.known_size(capacity):
+        return ""
+    known = listing(sorted(CARD_SIZES | set(config.memory_per_card)))
+    return (f"; {capacity} units a card is not a known card size ({known}): the node's reported "
+            f"{config.memory} likely includes the vendor's overcommit_ratio, which HAMi's scheduler "
+            "accounts against too, so the card's memory is oversubscribed")
 
 
 def _one_card(slots: list[Slot], cands: Candidates, config: Config) -> None:

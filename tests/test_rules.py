@@ -589,6 +589,11 @@ def test_an_overcommitted_capacity_is_used_as_reported_and_the_fill_says_so():
 def test_160_is_no_tier_of_an_overcommitted_card_and_known_sizes_say_nothing():
     d = admitted(pod(ctr("c", {V: "1", M: "160", K: "8"}), nodeSelector=ON_OC), view=OVERCOMMIT)
     assert limits_of(d)[M] == "176" and "snapped up to 176" in d.warnings[0]
+    assert d.warnings[0].endswith("says 160 fails; 176 units a card is not a known card size (96, 160): the node's "
+                                  "reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio, "
+                                  "which HAMi's scheduler accounts against too, so the card's memory is oversubscribed")
+    d = admitted(pod(ctr("c", {V: "1", M: "100", K: "8"}), nodeSelector=ON_OC), view=OVERCOMMIT)
+    assert "snapped up to 128" in d.warnings[0] and "known card size" not in d.warnings[0]  # 128 is a power of two
     d = admitted(pod(ctr("c", {V: "1"}), nodeSelector=S5), view=OVERCOMMIT)
     assert "known card size" not in d.warnings[0]
     # A size the operator configured in memoryPerCard is known too.
