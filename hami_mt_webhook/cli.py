@@ -35,6 +35,10 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
                        help="comma-separated schedulers that no longer run (the vendor's, once disabled): slice "
                             "pods naming one get the scheduler name instead, with a warning "
                             "[HAMI_MT_RETIRED_SCHEDULERS; none]")
+    group.add_argument("--sliced-node-taint", dest="sliced_node_taint",
+                       help="opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
+                            "writes it (key[=value]:effect); slice pods get a toleration for it "
+                            "[HAMI_MT_SLICED_NODE_TAINT; none]")
 
 
 def _load_config(args: argparse.Namespace) -> configuration.Config:

@@ -35,6 +35,8 @@ class Config:
     bind_annotations: tuple[str, ...] = field(default=BIND_ANNOTATIONS)
     #: Schedulers switched off (the vendor's, after migration): slice pods naming one go to scheduler_name.
     retired_schedulers: tuple[str, ...] = ()
+    #: Opt-in: the taint on sliced nodes, as (key, value, effect); slice pods get a toleration for it.
+    sliced_node_taint: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_per_card or any(c < 2 for c in self.memory_per_card):
@@ -69,6 +71,7 @@ ENV = {
     "HAMI_MT_WHOLE_CARD_RESOURCES": "whole_card",
     "HAMI_MT_MEMORY_PER_CARD": "memory_per_card",
     "HAMI_MT_RETIRED_SCHEDULERS": "retired_schedulers",
+    "HAMI_MT_SLICED_NODE_TAINT": "sliced_node_taint",
 }
 
 
@@ -88,6 +91,22 @@ def parse_capacities(text: str) -> tuple[int, ...]:
     return values
 
 
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def parse_taint(text: str) -> tuple[str, str, str] | None:
+    """Parse `key[=value]:effect`, the form `kubectl taint` takes; empty means no taint."""
+    text = text.strip()
+    if not text:
+        return None
+    spec, _, effect = text.rpartition(":")
+    key, _, value = spec.partition("=")
+    if not key or effect not in TAINT_EFFECTS or any(c.isspace() for c in text):
+        raise ValueError(f"the sliced-node taint must read key[=value]:effect with effect one of "
+                         f"{', '.join(TAINT_EFFECTS)}, e.g. example.com/sliced=true:NoSchedule; got {text[:64]!r}")
+    return key, value, effect
+
+
 def from_values(values: dict[str, str | None], environ: dict[str, str] | None = None) -> Config:
     """Build a Config from flag values (None = not given), falling back to the environment, then defaults."""
     environ = os.environ if environ is None else environ
@@ -103,6 +122,8 @@ def from_values(values: dict[str, str | None], environ: dict[str, str] | None = 
             kwargs[name] = parse_list(text)
         elif name == "memory_per_card":
             kwargs[name] = parse_capacities(text)
+        elif name == "sliced_node_taint":
+            kwargs[name] = parse_taint(text)
         else:
             kwargs[name] = text
     return Config(**kwargs)  # type: ignore[arg-type]

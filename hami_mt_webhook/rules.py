@@ -227,6 +227,14 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     if scheduler != config.scheduler_name:
         patch.set(("spec", "schedulerName"), config.scheduler_name)
         mutations.append("retired-scheduler" if retired else "scheduler")
+    if config.sliced_node_taint is not None and not _tolerated(spec.get("tolerations"), config.sliced_node_taint):
+        # Opt-in: sliced nodes are tainted so that whole-card pods stay off their cards; slice pods may go there.
+        key, value, effect = config.sliced_node_taint
+        toleration = {"key": key, "operator": "Equal", "value": value, "effect": effect} if value else \
+            {"key": key, "operator": "Exists", "effect": effect}
+        present = spec.get("tolerations")
+        patch.set(("spec", "tolerations"), [*(present if isinstance(present, list) else []), toleration])
+        mutations.append("toleration")
     if retired:  # §4.2: unlike the plain rewrite, this one is worth a warning: the manifest is out of date
         warnings.insert(0, f"pod names scheduler {_quote(scheduler)}, which is retired (--retired-schedulers): "
                            f"set {config.scheduler_name}; write schedulerName: {config.scheduler_name} in the "
@@ -435,6 +443,20 @@ def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str
     slot.target = {config.vgpu: 1, config.memory: m}
     if k is not None:
         slot.target[config.core] = k
+
+
+def _tolerated(tolerations: Any, taint: tuple[str, str, str]) -> bool:
+    """Whether the pod already tolerates the taint, by Kubernetes' matching rules (so nothing is added twice)."""
+    key, value, effect = taint
+    for t in tolerations if isinstance(tolerations, list) else []:
+        if not isinstance(t, dict) or t.get("effect") not in (None, "", effect):
+            continue
+        if t.get("operator") == "Exists":
+            if t.get("key") in (None, "", key):
+                return True
+        elif t.get("key") == key and (t.get("value") or "") == value:
+            return True
+    return False
 
 
 def _capacity_note(cands: Candidates, config: Config) -> str:

@@ -352,3 +352,12 @@ def test_retired_schedulers_flag(tmp_path, capsys):
     assert line["patch"] == [] and line["warnings"] == []
     code, [line], _ = run(capsys, "-f", path)
     assert line["patch"] == [] and "leaves it unchanged" in line["warnings"][0]
+
+
+def test_sliced_node_taint_flag(tmp_path, capsys):
+    path = write(tmp_path, "pod.yaml", make_pod(container(limits={VGPU: 1, MEMORY: 32, CORE: 8}), name="p"))
+    code, [line], _ = run(capsys, "-f", path, "--sliced-node-taint", "example.com/sliced:NoSchedule")
+    assert code == 0 and line["object"]["spec"]["tolerations"] == [
+        {"key": "example.com/sliced", "operator": "Exists", "effect": "NoSchedule"}]
+    assert cli.main(["review", "-f", path, "--sliced-node-taint", "example.com/sliced"]) == 2
+    assert "key[=value]:effect" in capsys.readouterr().err

@@ -352,6 +352,38 @@ def test_without_the_list_a_retired_name_is_just_another_scheduler():
     assert d.patch == [] and "leaves it unchanged" in d.warnings[0]
 
 
+TAINTED = Config(sliced_node_taint=("example.com/sliced", "true", "NoSchedule"))
+TOLERATION = {"key": "example.com/sliced", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
+def test_opt_in_sliced_node_taint_gives_slice_pods_a_toleration_once():
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})), config=TAINTED)
+    assert d.object["spec"]["tolerations"] == [TOLERATION] and "toleration" in d.mutations
+    assert d.warnings == []  # like the scheduler rewrite, it would print on every slice pod
+    other = {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": 300}
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), tolerations=[other]), config=TAINTED)
+    assert d.object["spec"]["tolerations"] == [other, TOLERATION]
+    # Already tolerated (the same toleration, any value of the key, or everything): nothing is added.
+    for present in (TOLERATION, {"key": "example.com/sliced", "operator": "Exists"}, {"operator": "Exists"}):
+        d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), tolerations=[present]), config=TAINTED)
+        assert d.object["spec"]["tolerations"] == [present] and "toleration" not in d.mutations
+    # Off by default; never on pods without slices, nor on pods left to another scheduler.
+    assert "tolerations" not in admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}))).object["spec"]
+    assert admitted(pod(ctr("c", {"cpu": "1"})), config=TAINTED).patch == []
+    assert admitted(pod(ctr("c", {V: "1"}), schedulerName="volcano"), config=TAINTED).patch == []
+
+
+def test_a_taint_without_a_value_is_tolerated_by_key():
+    config = Config(sliced_node_taint=("example.com/sliced", "", "NoSchedule"))
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})), config=config)
+    assert d.object["spec"]["tolerations"] == [{"key": "example.com/sliced", "operator": "Exists",
+                                                "effect": "NoSchedule"}]
+    wrong = {"key": "example.com/sliced", "operator": "Exists", "effect": "NoExecute"}
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), tolerations=[wrong]), config=config)
+    assert len(d.object["spec"]["tolerations"]) == 2  # another effect does not tolerate this taint
+
+
 @pytest.mark.parametrize("body", [
     pod(ctr("c", {"cpu": "1", "memory": "1Gi"})),
     pod(ctr("c", {G: "2"})),

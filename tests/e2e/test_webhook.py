@@ -18,6 +18,7 @@ from .support import (
     ON_S4000,
     ON_S5000,
     RETIRED,
+    TAINT,
     VGPU,
     WHOLE,
     apply,
@@ -215,3 +216,21 @@ def test_an_overcommitted_node_is_used_as_reported_logged_once_and_counted(contr
     while metric(webhook, "hami_mt_webhook_nonstandard_capacity_nodes") != before:
         assert time.monotonic() < deadline, "the deleted node still counts"
         time.sleep(0.2)
+
+
+def test_the_opt_in_sliced_node_taint_is_tolerated_by_slice_pods_only(controlplane, ns):
+    """--sliced-node-taint: sliced nodes tainted so whole-card pods stay off them; slice pods tolerate it."""
+    key, _, rest = TAINT.partition("=")
+    value, _, effect = rest.partition(":")
+    toleration = {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    r = apply(controlplane, ns, pod("tolerating", {VGPU: 1, MEMORY: 8, CORE: 2}))
+    assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr  # like the scheduler rewrite: silent
+    obj = stored(controlplane, ns, "tolerating")
+    assert toleration in obj["spec"]["tolerations"]
+    assert sum(t.get("key") == key for t in obj["spec"]["tolerations"]) == 1
+    again = controlplane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj), check=False)
+    assert again.returncode == 0, again.stderr
+    assert stored(controlplane, ns, "tolerating")["spec"]["tolerations"] == obj["spec"]["tolerations"]
+    assert apply(controlplane, ns, pod("whole-untolerated", {WHOLE: 1})).returncode == 0
+    tolerations = stored(controlplane, ns, "whole-untolerated")["spec"].get("tolerations") or []
+    assert all(t.get("key") != key for t in tolerations)  # never sent to the webhook: keeps off sliced nodes
