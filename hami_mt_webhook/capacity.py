@@ -124,6 +124,13 @@ class ClusterView:
     def get(self, name: str) -> NodeReport | None:
         return self._nodes.get(name)
 
+    def nonstandard(self, config: Config) -> int:
+        """Sliced nodes whose per-card capacity is no known card size (overcommitted memory, §2).
+
+        Counted from the per-shape summary, so it costs the number of distinct shapes, not of nodes.
+        """
+        return sum(count for (per_card, _), count in self._shapes.items() if not config.known_size(per_card))
+
     def _drop_shape(self, node: NodeReport) -> None:
         shape = (node.per_card, node.cards)
         self._shapes[shape] -= 1
@@ -146,6 +153,29 @@ class ClusterView:
                     self._placed.clear()
                 self._placed[key] = found
         return found
+
+    def explain(self, pod_spec: Mapping[str, Any], config: Config) -> str:
+        """Which capacities `candidates` gives this pod and why (`review -v`): a selector that matches no
+        sliced node falls back to memoryPerCard without a word, so say which of the two happened."""
+        found = self.candidates(pod_spec, config)
+        caps = f"per-card capacities {', '.join(str(c) for c in sorted(found.capacities))}"
+        odd = [str(c) for c in sorted(found.capacities) if not config.known_size(c)]
+        note = f"; {', '.join(odd)} is not a known card size (overcommitted memory?)" if odd else ""
+        selector = pod_spec.get("nodeSelector") or None
+        terms = _required_terms(pod_spec)
+        if not self._nodes:
+            return f"{caps} from --memory-per-card: no node reports sliced cards (give them with --nodes)"
+        if selector is None and terms is None:
+            every = "the one sliced node" if len(self._nodes) == 1 else f"all {len(self._nodes)} sliced nodes"
+            return f"{caps} from {every}: the pod does not constrain its placement{note}"
+        what = " and ".join(w for w, on in (("nodeSelector", selector is not None),
+                                            ("required node affinity", terms is not None)) if on)
+        matched = [n.name for n in self._nodes.values() if _matches(n, selector, terms)]
+        if not matched:
+            return (f"{caps} from --memory-per-card: its {what} matches none of the {len(self._nodes)} sliced "
+                    "nodes (check their labels: kubectl get nodes --show-labels)")
+        shown = ", ".join(matched[:3]) + (f" and {len(matched) - 3} more" if len(matched) > 3 else "")
+        return f"{caps} from the sliced nodes its {what} allows: {shown}{note}"
 
     def _scan(self, selector: Any, terms: list[Mapping[str, Any]] | None, config: Config) -> Candidates:
         if terms is None and isinstance(selector, dict) and all(isinstance(v, str) for v in selector.values()):

@@ -31,6 +31,14 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--memory-per-card", dest="memory_per_card",
                        help="comma-separated per-card capacities in 512 MiB units, used only when no node reports "
                             "(96 = S4000 48 GiB, 160 = S5000 80 GiB) [HAMI_MT_MEMORY_PER_CARD; 96]")
+    group.add_argument("--retired-schedulers", dest="retired_schedulers",
+                       help="comma-separated schedulers that no longer run (the vendor's, once disabled): slice "
+                            "pods naming one get the scheduler name instead, with a warning "
+                            "[HAMI_MT_RETIRED_SCHEDULERS; none]")
+    group.add_argument("--sliced-node-taint", dest="sliced_node_taint",
+                       help="opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
+                            "writes it (key[=value]:effect); slice pods get a toleration for it "
+                            "[HAMI_MT_SLICED_NODE_TAINT; none]")
 
 
 def _load_config(args: argparse.Namespace) -> configuration.Config:
@@ -110,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Node objects, e.g. `kubectl get nodes -o yaml` output; repeatable")
     rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per document, one per line")
+    rv.add_argument("-v", "--verbose", action="store_true",
+                    help="say, per object, which per-card capacities it was judged against and why: the sliced "
+                         "nodes its nodeSelector and required affinity allow, or the --memory-per-card fallback")
     rv.add_argument("--strict", action="store_true",
                     help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error (exit 2) "
                          "instead of being skipped")
@@ -157,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _serve(args)
         if args.command == "review":
             from .offline import run_review
-            return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict)
+            return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict,
+                              verbose=args.verbose)
         if args.command == "certs":
             return _certs(args)
         if args.command == "controlplane":

@@ -17,6 +17,9 @@ BIND_ANNOTATIONS = (
 #: sgpu-core units in one card.
 CORES_PER_CARD = 16
 
+#: Per-card sgpu-memory of the cards the vendor slices: MTT S4000 (48 GiB) and MTT S5000 (80 GiB).
+CARD_SIZES = frozenset({96, 160})
+
 
 @dataclass(frozen=True)
 class Config:
@@ -30,6 +33,10 @@ class Config:
     memory_per_card: tuple[int, ...] = (96,)
     gpu_num_annotation: str = "mthreads.com/request-gpu-num"
     bind_annotations: tuple[str, ...] = field(default=BIND_ANNOTATIONS)
+    #: Schedulers switched off (the vendor's, after migration): slice pods naming one go to scheduler_name.
+    retired_schedulers: tuple[str, ...] = ()
+    #: Opt-in: the taint on sliced nodes, as (key, value, effect); slice pods get a toleration for it.
+    sliced_node_taint: tuple[str, str, str] | None = None
 
     def __post_init__(self) -> None:
         if not self.memory_per_card or any(c < 2 for c in self.memory_per_card):
@@ -38,6 +45,16 @@ class Config:
         names = (self.vgpu, self.memory, self.core, *self.whole_card)
         if len(set(names)) != len(names):
             raise ValueError(f"resource names must be distinct, got {list(names)}")
+        # Rewriting to the same name would warn on every admission of the webhook's own output (§4.7).
+        for name in self.retired_schedulers:
+            if name in (self.scheduler_name, "default-scheduler"):
+                raise ValueError(f"retired schedulers must not include {name!r}: it is not retired "
+                                 f"({self.scheduler_name} is written into slice pods, default-scheduler is "
+                                 "always rewritten)")
+
+    def known_size(self, per_card: int) -> bool:
+        """A card size the vendor ships or the operator configured; any other is overcommitted or odd (§2)."""
+        return per_card in CARD_SIZES or per_card in self.memory_per_card
 
     @property
     def slices(self) -> tuple[str, str, str]:
@@ -53,6 +70,8 @@ ENV = {
     "HAMI_MT_CORE_RESOURCE": "core",
     "HAMI_MT_WHOLE_CARD_RESOURCES": "whole_card",
     "HAMI_MT_MEMORY_PER_CARD": "memory_per_card",
+    "HAMI_MT_RETIRED_SCHEDULERS": "retired_schedulers",
+    "HAMI_MT_SLICED_NODE_TAINT": "sliced_node_taint",
 }
 
 
@@ -72,6 +91,22 @@ def parse_capacities(text: str) -> tuple[int, ...]:
     return values
 
 
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+
+
+def parse_taint(text: str) -> tuple[str, str, str] | None:
+    """Parse `key[=value]:effect`, the form `kubectl taint` takes; empty means no taint."""
+    text = text.strip()
+    if not text:
+        return None
+    spec, _, effect = text.rpartition(":")
+    key, _, value = spec.partition("=")
+    if not key or effect not in TAINT_EFFECTS or any(c.isspace() for c in text):
+        raise ValueError(f"the sliced-node taint must read key[=value]:effect with effect one of "
+                         f"{', '.join(TAINT_EFFECTS)}, e.g. example.com/sliced=true:NoSchedule; got {text[:64]!r}")
+    return key, value, effect
+
+
 def from_values(values: dict[str, str | None], environ: dict[str, str] | None = None) -> Config:
     """Build a Config from flag values (None = not given), falling back to the environment, then defaults."""
     environ = os.environ if environ is None else environ
@@ -83,10 +118,12 @@ def from_values(values: dict[str, str | None], environ: dict[str, str] | None = 
             merged[name] = environ[env]
     kwargs: dict[str, object] = {}
     for name, text in merged.items():
-        if name == "whole_card":
+        if name in ("whole_card", "retired_schedulers"):
             kwargs[name] = parse_list(text)
         elif name == "memory_per_card":
             kwargs[name] = parse_capacities(text)
+        elif name == "sliced_node_taint":
+            kwargs[name] = parse_taint(text)
         else:
             kwargs[name] = text
     return Config(**kwargs)  # type: ignore[arg-type]

@@ -52,6 +52,9 @@ class Metrics:
         self.connections_closed = Counter("hami_mt_webhook_connections_closed",
                                           "Connections the listener closed: refused, shed to make room for a new "
                                           "one, or past a deadline; by reason and phase.", ["reason"], registry=r)
+        self.nonstandard = Gauge("hami_mt_webhook_nonstandard_capacity_nodes",
+                                 "Sliced nodes whose per-card sgpu-memory is not a known card size (96, 160 or a "
+                                 "memoryPerCard value): overcommitted memory, usually.", registry=r)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""

@@ -107,6 +107,7 @@ class NodeFeed:
         self.resource_version: str | None = None
         self.build: Build | None = None
         self.synced_at: float | None = None  # wall time the view was last known complete and current
+        self.noted: dict[str, int] = {}  # node -> the odd per-card capacity already logged for it (§2: once)
 
     def start_build(self) -> None:
         """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
@@ -147,6 +148,7 @@ class NodeFeed:
         """Apply one Node object: into the build while one is arriving, else straight into the view."""
         name = str((obj.get("metadata") or {}).get("name") or "")
         node = report(obj, self.config) if kind != "DELETED" else None
+        self._note(name, node)
         if self.build is not None:
             self.build.apply(kind, name, node)
             return
@@ -156,12 +158,27 @@ class NodeFeed:
             self.view.upsert(node)
         if self.metrics is not None:
             self.metrics.nodes.set(len(self.view))
+            self.metrics.nonstandard.set(self.view.nonstandard(self.config))
             self.metrics.last_node_event.set(time.time())
+
+    def _note(self, name: str, node: NodeReport | None) -> None:
+        """Log a node whose per-card capacity is no known card size once, not on every event (§2)."""
+        if node is None or self.config.known_size(node.per_card):
+            self.noted.pop(name, None)
+            return
+        if self.noted.get(name) == node.per_card:
+            return
+        self.noted[name] = node.per_card
+        logger.warning("node %s: %s units of %s per sliced card is not a known card size (96, 160 or "
+                       "memoryPerCard): its report likely includes the vendor's overcommit_ratio; fills use it "
+                       "as reported", name, node.per_card, self.config.memory)
 
     def finish_build(self, resource_version: str | None) -> None:
         """The set is complete: it replaces the view whole, and the view is ready."""
         assert self.build is not None
         nodes, self.build = self.build.nodes, None
+        if self.noted:  # nodes deleted while the watch was away: forget them, so a new one of the name is logged
+            self.noted = {name: c for name, c in self.noted.items() if name in nodes}
         self.view.replace(nodes)
         del nodes
         # The view lives until the next rebuild and holds no cycles: keep it (and everything loaded so
@@ -174,6 +191,7 @@ class NodeFeed:
         if self.metrics is not None:
             self.metrics.ready.set(1)
             self.metrics.nodes.set(len(self.view))
+            self.metrics.nonstandard.set(self.view.nonstandard(self.config))
             self.metrics.last_node_event.set(self.synced_at)
         logger.info("node view %s: %d sliced nodes", "synced" if first else "rebuilt", len(self.view))
 

@@ -143,9 +143,34 @@ def summary(pod: dict[str, Any], decision: Decision) -> dict[str, Any]:
 JUDGED = f"Pods, workloads ({WORKLOADS}), Lists of them and AdmissionReviews"
 
 
+def pod_spec(item: Item) -> dict[str, Any] | None:
+    """The pod spec an item is judged by: the Pod's, the workload's template's, or the review's object's."""
+    doc = item.doc
+    kind = doc.get("kind")
+    if kind == "AdmissionReview":
+        request = doc.get("request")
+        doc = request.get("object") if isinstance(request, dict) else None
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind in workloads.TEMPLATES:
+        doc = workloads.template(doc, kind)
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    return spec if isinstance(spec, dict) else None
+
+
+def capacities_note(item: Item, view: ClusterView, config: Config) -> str | None:
+    """`-v`: which per-card capacities the item was judged against, and why (SPEC.md §2)."""
+    spec = pod_spec(item)
+    return view.explain(spec, config) if spec is not None else None
+
+
 def run_review(files: list[str], node_files: list[str], config: Config, output: str = "text",
-               out: TextIO | None = None, err: TextIO | None = None, strict: bool = False) -> int:
-    """Exit 0 when every judged object is allowed, 1 when one is denied, 2 on bad input (SPEC.md §7)."""
+               out: TextIO | None = None, err: TextIO | None = None, strict: bool = False,
+               verbose: bool = False) -> int:
+    """Exit 0 when every judged object is allowed, 1 when one is denied, 2 on bad input (SPEC.md §7).
+
+    `verbose` adds, per judged object, the capacities used and why: a line of text output, or a line on
+    stderr beside `-o json` (whose lines keep the fields SPEC.md §7 lists).
+    """
     out, err = out or sys.stdout, err or sys.stderr
     try:
         view = view_from(node_files, config)
@@ -164,17 +189,20 @@ def run_review(files: list[str], node_files: list[str], config: Config, output: 
         print(f"hami-mt-webhook review: {e}", file=err)
         return 2
     for (obj, _), item in zip(results, todo, strict=True):
+        note = capacities_note(item, view, config) if verbose and not item.skipped else None
         if output == "json":
             out.write(orjson.dumps(obj).decode() + "\n")
+            if note:
+                print(f"hami-mt-webhook review: {item.source}: {note}", file=err)
         else:
-            out.write(_text(item, obj))
+            out.write(_text(item, obj, note))
     if any(item.doc["kind"] == "Node" for item in skipped):
         print("hami-mt-webhook review: Node objects are not judged; give them with --nodes to use their "
               "capacities", file=err)
     return 0 if all(ok for _, ok in results) else 1
 
 
-def _text(item: Item, obj: dict[str, Any]) -> str:
+def _text(item: Item, obj: dict[str, Any], note: str | None = None) -> str:
     if obj.get("skipped"):
         where = f"{obj['namespace']}/{obj['name']}" if obj["namespace"] else str(obj["name"])
         return f"{clip(str(obj['kind'])).lower()} {where}: skipped\n"
@@ -182,6 +210,7 @@ def _text(item: Item, obj: dict[str, Any]) -> str:
         r = obj["response"]
         verdict = "allowed" if r["allowed"] else f"DENIED: {r['status']['message']}"
         lines = [f"{item.source} (AdmissionReview {r['uid']}): {verdict}"]
+        lines += [f"  {note}"] if note else []
         lines += [f"  warning: {w}" for w in r.get("warnings", [])]
         if r.get("patch"):
             lines.append("  patched (base64 JSON Patch in the response)")
@@ -189,6 +218,7 @@ def _text(item: Item, obj: dict[str, Any]) -> str:
     verdict = "allowed" if obj["allowed"] else f"DENIED ({obj['code']}): {obj['message']}"
     kind = str(item.doc.get("kind") or "Pod").lower()
     lines = [f"{kind} {obj['namespace']}/{obj['name']}: {verdict}"]
+    lines += [f"  {note}"] if note else []
     lines += [f"  warning: {w}" for w in obj["warnings"]]
     lines += [f"  patch: {op['op']} {op['path']} = {orjson.dumps(op['value']).decode()}" for op in obj["patch"]]
     return "\n".join(lines) + "\n"

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .capacity import Candidates, ClusterView
-from .config import CORES_PER_CARD, Config
+from .config import CARD_SIZES, CORES_PER_CARD, Config
 from .decision import Decision, Patch
-from .quantities import QuantityError, gib, listing, snap_up, valid_set, whole
+from .quantities import MAX_QUANTITY, QuantityError, gib, listing, snap_up, valid_set, whole
 from .text import clip, quote, show
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -205,7 +205,8 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
 
     spec = pod["spec"]
     scheduler = spec.get("schedulerName") or ""
-    if scheduler not in ("", DEFAULT_SCHEDULER, config.scheduler_name):
+    retired = scheduler in config.retired_schedulers
+    if scheduler not in ("", DEFAULT_SCHEDULER, config.scheduler_name) and not retired:
         return Decision(object=pod, warnings=[
             f"pod names scheduler {quote(scheduler)}: hami-mt-webhook leaves it unchanged, "
             f"and HAMi accounts for sGPU slices only on {config.scheduler_name}"])
@@ -225,7 +226,19 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     patch = Patch(pod)
     if scheduler != config.scheduler_name:
         patch.set(("spec", "schedulerName"), config.scheduler_name)
-        mutations.append("scheduler")
+        mutations.append("retired-scheduler" if retired else "scheduler")
+    if config.sliced_node_taint is not None and not _tolerated(spec.get("tolerations"), config.sliced_node_taint):
+        # Opt-in: sliced nodes are tainted so that whole-card pods stay off their cards; slice pods may go there.
+        key, value, effect = config.sliced_node_taint
+        toleration = {"key": key, "operator": "Equal", "value": value, "effect": effect} if value else \
+            {"key": key, "operator": "Exists", "effect": effect}
+        present = spec.get("tolerations")
+        patch.set(("spec", "tolerations"), [*(present if isinstance(present, list) else []), toleration])
+        mutations.append("toleration")
+    if retired:  # §4.2: unlike the plain rewrite, this one is worth a warning: the manifest is out of date
+        warnings.insert(0, f"pod names scheduler {_quote(scheduler)}, which is retired (--retired-schedulers): "
+                           f"set {config.scheduler_name}; write schedulerName: {config.scheduler_name} in the "
+                           "manifest, or leave it out")
     for slot in slots:
         if slot.asks:
             _write(patch, slot)
@@ -237,6 +250,15 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
 
 #: How messages call a container of each list of the pod spec.
 _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
+
+
+#: Messages quote at most this many characters of a value (SPEC.md §6).
+QUOTED = 64
+
+
+def _quote(value: str) -> str:
+    """A value as messages show it: repr, cut to QUOTED characters so a huge value cannot flood a reply."""
+    return repr(value if len(value) <= QUOTED else value[:QUOTED] + "...")
 
 
 def _label(group: str, index: int, container: Any) -> str:
@@ -375,6 +397,9 @@ def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str
 
     if n > 1:  # §3.5: whole cards
         cores, memory = CORES_PER_CARD * n, largest * n
+        if memory > MAX_QUANTITY:  # the fill itself must be a quantity the rules accept on the next review (§4.7)
+            raise Denied(f"{slot.label}: {config.vgpu} {n} is far too large: {n} cards of {largest} units would "
+                         f"be {memory} units of {config.memory}", "range")
         if (k is not None and k != cores) or (m is not None and m != memory):
             given = ", ".join(f"{r} {v}" for r, v in ((config.memory, m), (config.core, k)) if v is not None)
             raise Denied(f"{slot.label}: {config.vgpu} {n} with {given}: multi-card requests take whole cards: "
@@ -410,22 +435,50 @@ def _container(slot: Slot, cands: Candidates, config: Config, warnings: list[str
                          f"{largest} ({gib(largest)}); valid values: {listing(valid)}", "capacity")
         warnings.append(f"{slot.label}: {config.memory} {m} ({gib(m)}) snapped up to {tier} ({gib(tier)}), "
                         f"the next valid tier ({listing(valid)}); write {tier} in the manifest: a pod's "
-                        f"resources cannot change, so re-applying a pod manifest that says {m} fails")
+                        f"resources cannot change, so re-applying a pod manifest that says {m} fails"
+                        f"{_size_note(tier, config) if tier in cands.capacities else ''}")
         mutations.append("snap")
         m = tier
     if k is None:
-        warnings.append(f"{slot.label}: {config.memory} {m} without {config.core}: "
-                        "the runtime's default compute weight applies")
+        warnings.append(f"{slot.label}: {config.memory} {m} without {config.core}: the runtime's default "
+                        "compute weight applies, 1, the lowest (a time-slice weight, not a guaranteed share); "
+                        f"add {config.core} 1 to {CORES_PER_CARD} for a larger weight")
     slot.target = {config.vgpu: 1, config.memory: m}
     if k is not None:
         slot.target[config.core] = k
 
 
+def _tolerated(tolerations: Any, taint: tuple[str, str, str]) -> bool:
+    """Whether the pod already tolerates the taint, by Kubernetes' matching rules (so nothing is added twice)."""
+    key, value, effect = taint
+    for t in tolerations if isinstance(tolerations, list) else []:
+        if not isinstance(t, dict) or t.get("effect") not in (None, "", effect):
+            continue
+        if t.get("operator") == "Exists":
+            if t.get("key") in (None, "", key):
+                return True
+        elif t.get("key") == key and (t.get("value") or "") == value:
+            return True
+    return False
+
+
 def _capacity_note(cands: Candidates, config: Config) -> str:
-    if len(cands.capacities) < 2:
+    """What a fill's warning adds about the capacity it used: mixed candidates, or a size no card has (§2)."""
+    note = ""
+    if len(cands.capacities) > 1:
+        note = (f"; the pod could land on cards of {listing(sorted(cands.capacities))} units, so the largest was "
+                "taken: pin a card model with a nodeSelector to get its exact capacity")
+    return note + _size_note(max(cands.capacities), config)
+
+
+def _size_note(capacity: int, config: Config) -> str:
+    """§2: a per-card capacity no card has is used as reported, and every value written from it says so."""
+    if config.known_size(capacity):
         return ""
-    return (f"; the pod could land on cards of {listing(sorted(cands.capacities))} units, so the largest was "
-            "taken: pin a card model with a nodeSelector to get its exact capacity")
+    known = listing(sorted(CARD_SIZES | set(config.memory_per_card)))
+    return (f"; {capacity} units a card is not a known card size ({known}): the node's reported "
+            f"{config.memory} likely includes the vendor's overcommit_ratio, which HAMi's scheduler "
+            "accounts against too, so the card's memory is oversubscribed")
 
 
 def _one_card(slots: list[Slot], cands: Candidates, config: Config) -> None:

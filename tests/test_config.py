@@ -29,6 +29,7 @@ SERVE_ENV = {
 RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
     "--core-resource": "core", "--whole-card-resources": "whole_card", "--memory-per-card": "memory_per_card",
+    "--retired-schedulers": "retired_schedulers", "--sliced-node-taint": "sliced_node_taint",
 }
 RULE_ENV = {flag: next(env for env, name in config.ENV.items() if name == dest) for flag, dest in RULE_FLAGS.items()}
 
@@ -58,6 +59,10 @@ def test_defaults():
     ("HAMI_MT_WHOLE_CARD_RESOURCES", "whole_card", "a.io/gpu", "b.io/gpu,c.io/gpu", ("a.io/gpu",),
      ("b.io/gpu", "c.io/gpu")),
     ("HAMI_MT_MEMORY_PER_CARD", "memory_per_card", "160", "96,160", (160,), (96, 160)),
+    ("HAMI_MT_RETIRED_SCHEDULERS", "retired_schedulers", "a-sched", "b-sched, c-sched", ("a-sched",),
+     ("b-sched", "c-sched")),
+    ("HAMI_MT_SLICED_NODE_TAINT", "sliced_node_taint", "a.io/sliced=true:NoSchedule", "b.io/sliced:NoExecute",
+     ("a.io/sliced", "true", "NoSchedule"), ("b.io/sliced", "", "NoExecute")),
 ])
 def test_flag_beats_env_beats_default(env, field, flag_value, env_value, flag_result, env_result):
     default = getattr(Config(), field)
@@ -93,6 +98,22 @@ def test_bad_memory_per_card(text, words):
     if text:
         with pytest.raises(ValueError):
             config.from_values(NONE, environ={"HAMI_MT_MEMORY_PER_CARD": text})
+
+
+@pytest.mark.parametrize("name", ["hami-scheduler", "default-scheduler"])
+def test_retired_schedulers_cannot_name_a_live_one(name):
+    """Retiring the name the webhook writes would warn on its own output forever (SPEC 4.7)."""
+    assert Config().retired_schedulers == ()
+    with pytest.raises(ValueError, match=f"must not include '{name}'"):
+        config.from_values({"retired_schedulers": f"mt-old,{name}"}, environ={})
+
+
+@pytest.mark.parametrize("text", ["a.io/sliced", "a.io/sliced=true", "a.io/sliced=true:Never", "=x:NoSchedule",
+                                  "a.io/sliced = true:NoSchedule", ":NoSchedule"])
+def test_bad_sliced_node_taint(text):
+    with pytest.raises(ValueError, match="key\\[=value\\]:effect"):
+        config.from_values({"sliced_node_taint": text}, environ={})
+    assert Config().sliced_node_taint is None and config.parse_taint("  ") is None
 
 
 def test_resource_names_must_be_distinct():

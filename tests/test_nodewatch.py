@@ -104,6 +104,44 @@ def test_a_node_that_stops_reporting_slices_leaves_the_view(feed):
     assert len(feed.view) == 0
 
 
+def nonstandard(feed: NodeFeed) -> float:
+    return feed.metrics.registry.get_sample_value("hami_mt_webhook_nonstandard_capacity_nodes")
+
+
+def test_an_overcommitted_node_is_logged_once_and_counted(feed, caplog):
+    """SPEC §2: 8 cards at overcommit_ratio 1.1 report 1408 units, 176 a card: used, logged once, counted."""
+    caplog.set_level("WARNING", logger="hami_mt_webhook")
+    feed.start_build()
+    feed.line(event("ADDED", node("oc", per_card=176, rv="1")))
+    feed.line(event("ADDED", node("plain", rv="2")))
+    feed.line(bookmark("3", end=True))
+    assert feed.view.get("oc").per_card == 176 and nonstandard(feed) == 1
+    for rv in range(4, 10):  # status heartbeats and label changes: the same capacity, no new line
+        feed.line(event("MODIFIED", node("oc", per_card=176, rv=str(rv), zone=str(rv))))
+    feed.start_build()  # a relist after 410 Gone reads it again: still no new line
+    feed.line(event("ADDED", node("oc", per_card=176, rv="20")))
+    feed.line(event("ADDED", node("oc2", cards=4, per_card=192, rv="21")))
+    feed.line(bookmark("22", end=True))
+    logged = [r.getMessage() for r in caplog.records if "not a known card size" in r.getMessage()]
+    assert [m.split(":")[0] for m in logged] == ["node oc", "node oc2"]
+    assert "176 units of mthreads.com/sgpu-memory per sliced card" in logged[0] and "overcommit_ratio" in logged[0]
+    assert nonstandard(feed) == 2
+    # A changed capacity is news; back to a card size, then deleted: the count follows.
+    feed.line(event("MODIFIED", node("oc", per_card=192, rv="23")))
+    feed.line(event("MODIFIED", node("oc2", cards=4, per_card=160, rv="24")))
+    feed.line(event("DELETED", node("oc", per_card=192, rv="25")))
+    assert len([r for r in caplog.records if "not a known card size" in r.getMessage()]) == 3
+    assert nonstandard(feed) == 0 and feed.noted == {}
+
+
+def test_a_configured_memory_per_card_is_a_known_size(caplog):
+    feed = NodeFeed(ClusterView(ready=False), Config(memory_per_card=(96, 176)), Metrics())
+    feed.start_build()
+    feed.line(event("ADDED", node("oc", per_card=176)))
+    feed.line(bookmark("2", end=True))
+    assert nonstandard(feed) == 0 and "not a known card size" not in caplog.text
+
+
 def test_deletions_during_the_initial_events_are_applied_to_the_build(feed):
     feed.start_build()
     feed.line(event("ADDED", node("a")))

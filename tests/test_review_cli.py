@@ -292,3 +292,72 @@ def test_installed_command_reads_stdin_and_sets_exit_codes(tmp_path):
                           text=True, timeout=60)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "missing.yaml" in proc.stderr
+
+
+# --- -v: which capacities, and why (SPEC.md §2) -------------------------------------------------------------------
+
+def _verbose(capsys, *args: str) -> list[str]:
+    code = cli.main(["review", *args, "-v"])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == ""
+    return [line.strip() for line in out.splitlines() if "per-card capacities" in line]
+
+
+def test_verbose_names_the_nodes_a_selector_allows_or_the_fallback(tmp_path, capsys):
+    product = "mthreads.com/gpu.product"
+    pinned = make_pod(container(limits={VGPU: 1}), name="pinned", nodeSelector={product: "MTT-S5000"})
+    typo = make_pod(container(limits={VGPU: 1}), name="typo", nodeSelector={product: "MTT-S5OOO"})
+    free = make_pod(container(limits={VGPU: 1}), name="free")
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": ["s4000-node"]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    deploy = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+              "spec": {"template": {"spec": {"containers": [container(limits={VGPU: 1})], "affinity": affinity}}}}
+    path = write(tmp_path, "pods.yaml", pinned, typo, free, deploy)
+    assert _verbose(capsys, "-f", path, "--nodes", str(NODES)) == [
+        "per-card capacities 160 from the sliced nodes its nodeSelector allows: s5000-node",
+        "per-card capacities 96 from --memory-per-card: its nodeSelector matches none of the 2 sliced nodes "
+        "(check their labels: kubectl get nodes --show-labels)",
+        "per-card capacities 96, 160 from all 2 sliced nodes: the pod does not constrain its placement",
+        "per-card capacities 96 from the sliced nodes its required node affinity allows: s4000-node",
+    ]
+    assert _verbose(capsys, "-f", path, "--memory-per-card", "96,160")[0] == \
+        "per-card capacities 96, 160 from --memory-per-card: no node reports sliced cards (give them with --nodes)"
+    # Without -v nothing is added; with -o json the note goes to stderr and the JSON lines keep their fields.
+    code = cli.main(["review", "-f", path, "--nodes", str(NODES)])
+    assert code == 0 and "per-card capacities" not in capsys.readouterr().out
+    code, lines, err = run(capsys, "-f", path, "--nodes", str(NODES), "-v")
+    assert all(set(line) == KEYS for line in lines)
+    assert err.count("per-card capacities") == 4 and f"{path}#2: per-card capacities 96 from --memory-per-card" in err
+
+
+def test_verbose_flags_an_overcommitted_capacity(tmp_path, capsys):
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "oc", "labels": {"kubernetes.io/hostname": "oc"}},
+            "status": {"capacity": {CORE: "128", MEMORY: "1408"}}}
+    nodes = write(tmp_path, "nodes.yaml", node)
+    path = write(tmp_path, "pod.yaml", make_pod(container(limits={VGPU: 1}), name="p"))
+    assert _verbose(capsys, "-f", path, "--nodes", nodes) == [
+        "per-card capacities 176 from the one sliced node: the pod does not constrain its placement; 176 is not a "
+        "known card size (overcommitted memory?)"]
+
+
+def test_retired_schedulers_flag(tmp_path, capsys):
+    """SPEC.md §7: review takes the server's --retired-schedulers; its output is idempotent (§4.7)."""
+    path = write(tmp_path, "pod.yaml", make_pod(container(limits={VGPU: 1, MEMORY: 32, CORE: 8}), name="old",
+                                                schedulerName="mt-old-scheduler"))
+    code, [line], _ = run(capsys, "-f", path, "--retired-schedulers", "mt-old-scheduler,other")
+    assert code == 0 and line["object"]["spec"]["schedulerName"] == SCHEDULER
+    assert line["warnings"][0].startswith("pod names scheduler 'mt-old-scheduler', which is retired")
+    again = write(tmp_path, "again.yaml", line["object"])
+    code, [line], _ = run(capsys, "-f", again, "--retired-schedulers", "mt-old-scheduler")
+    assert line["patch"] == [] and line["warnings"] == []
+    code, [line], _ = run(capsys, "-f", path)
+    assert line["patch"] == [] and "leaves it unchanged" in line["warnings"][0]
+
+
+def test_sliced_node_taint_flag(tmp_path, capsys):
+    path = write(tmp_path, "pod.yaml", make_pod(container(limits={VGPU: 1, MEMORY: 32, CORE: 8}), name="p"))
+    code, [line], _ = run(capsys, "-f", path, "--sliced-node-taint", "example.com/sliced:NoSchedule")
+    assert code == 0 and line["object"]["spec"]["tolerations"] == [
+        {"key": "example.com/sliced", "operator": "Exists", "effect": "NoSchedule"}]
+    assert cli.main(["review", "-f", path, "--sliced-node-taint", "example.com/sliced"]) == 2
+    assert "key[=value]:effect" in capsys.readouterr().err

@@ -132,6 +132,14 @@ def test_quantities_below_one_are_denied(resource, value, expect):
     assert d.reason == "range" and expect in d.message
 
 
+def test_a_card_count_whose_fill_would_not_be_a_quantity_is_denied():
+    # Without node reports the card count is unknown; the fill of 96 units a card must still be a
+    # value the next review accepts, or the webhook's own output would be refused (§4.7).
+    d = denied(pod(ctr("gpu", {V: "10416666666667"})), view=ClusterView())
+    assert d.reason == "range"
+    assert 'container "gpu": mthreads.com/vgpu 10416666666667 is far too large' in d.message
+
+
 def test_whole_numbers_in_other_spellings_are_accepted():
     d = admitted(pod(ctr("c", {V: "1", M: "32.0", K: "8"})))
     assert limits_of(d)[M] == "32.0"  # equal in value: kept as written
@@ -321,6 +329,67 @@ def test_pod_naming_another_scheduler_is_left_alone_with_a_warning():
     d = admitted(pod(ctr("c", {V: "1"}), schedulerName="volcano"))
     assert d.patch == []
     assert any("'volcano'" in w for w in d.warnings)
+
+
+RETIRED = Config(retired_schedulers=("mt-old-scheduler", "x" * 100))
+
+
+def test_a_retired_scheduler_is_rewritten_with_a_warning():
+    """§4.2: a slice pod still naming a switched-off scheduler would stay Pending for ever."""
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName="mt-old-scheduler"), config=RETIRED)
+    assert d.object["spec"]["schedulerName"] == "hami-scheduler"
+    assert d.mutations == ["retired-scheduler"]
+    assert d.warnings == ["pod names scheduler 'mt-old-scheduler', which is retired (--retired-schedulers): set "
+                          "hami-scheduler; write schedulerName: hami-scheduler in the manifest, or leave it out"]
+    # Its own fill warnings follow, and a pod without slices naming it is never touched.
+    d = admitted(pod(ctr("c", {V: "1"}), schedulerName="mt-old-scheduler"), config=RETIRED)
+    assert "retired" in d.warnings[0] and "alone takes a whole card" in d.warnings[1]
+    d = admitted(pod(ctr("c", {"cpu": "1"}), schedulerName="mt-old-scheduler"), config=RETIRED)
+    assert d.patch == [] and d.warnings == []
+
+
+def test_retired_scheduler_rules_still_deny_and_quote_at_most_64_characters():
+    d = denied(pod(ctr("both", {G: "1", V: "1"}), schedulerName="mt-old-scheduler"), config=RETIRED)
+    assert d.reason == "mixing"
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName="x" * 100), config=RETIRED)
+    assert f"'{'x' * 64}...'" in d.warnings[0] and "x" * 65 not in d.warnings[0]
+
+
+def test_without_the_list_a_retired_name_is_just_another_scheduler():
+    d = admitted(pod(ctr("c", {V: "1"}), schedulerName="mt-old-scheduler"))
+    assert d.patch == [] and "leaves it unchanged" in d.warnings[0]
+
+
+TAINTED = Config(sliced_node_taint=("example.com/sliced", "true", "NoSchedule"))
+TOLERATION = {"key": "example.com/sliced", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+
+
+def test_opt_in_sliced_node_taint_gives_slice_pods_a_toleration_once():
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})), config=TAINTED)
+    assert d.object["spec"]["tolerations"] == [TOLERATION] and "toleration" in d.mutations
+    assert d.warnings == []  # like the scheduler rewrite, it would print on every slice pod
+    other = {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+             "tolerationSeconds": 300}
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), tolerations=[other]), config=TAINTED)
+    assert d.object["spec"]["tolerations"] == [other, TOLERATION]
+    # Already tolerated (the same toleration, any value of the key, or everything): nothing is added.
+    for present in (TOLERATION, {"key": "example.com/sliced", "operator": "Exists"}, {"operator": "Exists"}):
+        d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), tolerations=[present]), config=TAINTED)
+        assert d.object["spec"]["tolerations"] == [present] and "toleration" not in d.mutations
+    # Off by default; never on pods without slices, nor on pods left to another scheduler.
+    assert "tolerations" not in admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}))).object["spec"]
+    assert admitted(pod(ctr("c", {"cpu": "1"})), config=TAINTED).patch == []
+    assert admitted(pod(ctr("c", {V: "1"}), schedulerName="volcano"), config=TAINTED).patch == []
+
+
+def test_a_taint_without_a_value_is_tolerated_by_key():
+    config = Config(sliced_node_taint=("example.com/sliced", "", "NoSchedule"))
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})), config=config)
+    assert d.object["spec"]["tolerations"] == [{"key": "example.com/sliced", "operator": "Exists",
+                                                "effect": "NoSchedule"}]
+    wrong = {"key": "example.com/sliced", "operator": "Exists", "effect": "NoExecute"}
+    d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), tolerations=[wrong]), config=config)
+    assert len(d.object["spec"]["tolerations"]) == 2  # another effect does not tolerate this taint
 
 
 @pytest.mark.parametrize("body", [
@@ -532,3 +601,47 @@ def test_a_denial_names_at_most_three_containers_and_counts_the_rest():
     assert d.message.startswith('container "w0", container "w1", container "w2" and 27 more containers share one '
                                 "card but ask for mthreads.com/sgpu-memory 240")
     assert "w3" not in d.message
+
+
+# §2 overcommitted memory -----------------------------------------------------------------------
+
+OVERCOMMIT = ClusterView([NodeReport("oc-node", {"kubernetes.io/hostname": "oc-node"}, 8, 176),
+                          NodeReport("s5000-node", {**S5, "kubernetes.io/hostname": "s5000-node"}, 8, 160)])
+ON_OC = {"kubernetes.io/hostname": "oc-node"}
+
+
+def test_an_overcommitted_capacity_is_used_as_reported_and_the_fill_says_so():
+    """8 cards reporting 1408 units (overcommit_ratio 1.1): C = 176, which no card has."""
+    d = admitted(pod(ctr("c", {V: "1"}), nodeSelector=ON_OC), view=OVERCOMMIT)
+    assert limits_of(d) == requests_of(d) == {V: "1", M: "176", K: "16"}
+    assert d.warnings == [
+        'container "c": mthreads.com/vgpu 1 alone takes a whole card: set mthreads.com/sgpu-core 16 and '
+        "mthreads.com/sgpu-memory 176 (88 GiB); 176 units a card is not a known card size (96, 160): the node's "
+        "reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio, which HAMi's scheduler "
+        "accounts against too, so the card's memory is oversubscribed"]
+    d = admitted(pod(ctr("c", {V: "2"}), nodeSelector=ON_OC), view=OVERCOMMIT)
+    assert limits_of(d)[M] == "352" and "not a known card size" in d.warnings[0]
+    # Unpinned, the largest candidate is the odd one: both notes.
+    d = admitted(pod(ctr("c", {V: "1"})), view=OVERCOMMIT)
+    assert "cards of 160, 176 units" in d.warnings[0] and "not a known card size" in d.warnings[0]
+
+
+def test_160_is_no_tier_of_an_overcommitted_card_and_known_sizes_say_nothing():
+    d = admitted(pod(ctr("c", {V: "1", M: "160", K: "8"}), nodeSelector=ON_OC), view=OVERCOMMIT)
+    assert limits_of(d)[M] == "176" and "snapped up to 176" in d.warnings[0]
+    assert d.warnings[0].endswith("says 160 fails; 176 units a card is not a known card size (96, 160): the node's "
+                                  "reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio, "
+                                  "which HAMi's scheduler accounts against too, so the card's memory is oversubscribed")
+    d = admitted(pod(ctr("c", {V: "1", M: "100", K: "8"}), nodeSelector=ON_OC), view=OVERCOMMIT)
+    assert "snapped up to 128" in d.warnings[0] and "known card size" not in d.warnings[0]  # 128 is a power of two
+    d = admitted(pod(ctr("c", {V: "1"}), nodeSelector=S5), view=OVERCOMMIT)
+    assert "known card size" not in d.warnings[0]
+    # A size the operator configured in memoryPerCard is known too.
+    d = admitted(pod(ctr("c", {V: "1"}), nodeSelector=ON_OC), view=OVERCOMMIT, config=Config(memory_per_card=(176,)))
+    assert "known card size" not in d.warnings[0]
+
+
+def test_memory_without_core_says_the_default_weight_is_the_lowest():
+    d = admitted(pod(ctr("c", {V: "1", M: "8"})))
+    assert "default compute weight applies, 1, the lowest" in d.warnings[0]
+    assert "half" not in d.warnings[0]

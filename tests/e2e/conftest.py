@@ -15,6 +15,8 @@ import pytest
 from hami_mt_webhook.controlplane import ControlPlane, ControlPlaneError
 from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
 
+from .support import RETIRED, TAINT
+
 E2E_DIR = Path(__file__).resolve().parent
 
 
@@ -41,8 +43,10 @@ def controlplane() -> Iterator[ControlPlane]:
 @pytest.fixture(scope="session")
 def webhook(controlplane: ControlPlane) -> Iterator[LocalWebhook]:
     """`hami-mt-webhook serve` in its own process, registered through the manifests' local overlay,
-    logged in as the shipped ServiceAccount, with the example S4000 and S5000 nodes and a whole-card node."""
-    hook = LocalWebhook(controlplane, controlplane.workdir / "webhook")
+    logged in as the shipped ServiceAccount, with the example S4000 and S5000 nodes and a whole-card node,
+    one retired scheduler name, and the opt-in sliced-node taint."""
+    hook = LocalWebhook(controlplane, controlplane.workdir / "webhook", extra_args=["--retired-schedulers", RETIRED,
+                                                                            "--sliced-node-taint", TAINT])
     hook.install()
     apply_nodes(controlplane, example_nodes())
     hook.start()

@@ -18,6 +18,10 @@ VGPU, MEMORY, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.
 WHOLE = "mthreads.com/gpu"
 ON_S4000 = {"mthreads.com/gpu.product": "MTT-S4000"}
 ON_S5000 = {"mthreads.com/gpu.product": "MTT-S5000"}
+#: A scheduler the session's webhook treats as switched off (`--retired-schedulers`).
+RETIRED = "mt-retired-scheduler"
+#: The taint the session's webhook gives slice pods a toleration for (`--sliced-node-taint`).
+TAINT = "e2e.example.com/sliced=true:NoSchedule"
 
 
 def pod(name: str, *limits: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:

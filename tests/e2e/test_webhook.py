@@ -2,12 +2,32 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .support import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, apply, exists, metric, pod, resources, stored
+from hami_mt_webhook.local import apply_nodes
+
+from .support import (
+    CORE,
+    MEMORY,
+    ON_S4000,
+    ON_S5000,
+    RETIRED,
+    TAINT,
+    VGPU,
+    WHOLE,
+    apply,
+    exists,
+    metric,
+    pod,
+    resources,
+    stored,
+)
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +165,72 @@ def test_reapplying_a_snapped_pod_needs_the_tier_in_the_manifest(controlplane, n
     for _ in range(2):
         r = controlplane.kubectl("apply", "-n", ns, "-f", str(examples / "snap-deployment.yaml"), check=False)
         assert r.returncode == 0, r.stderr
+
+
+def test_a_pod_naming_a_retired_scheduler_goes_to_hami_scheduler_with_a_warning(controlplane, ns):
+    """SPEC 4.2: once the vendor scheduler is off, a manifest naming it would stay Pending for ever."""
+    r = apply(controlplane, ns, pod("retired", {VGPU: 1, MEMORY: 32, CORE: 8}, schedulerName=RETIRED))
+    assert r.returncode == 0, r.stderr
+    assert f"Warning: pod names scheduler '{RETIRED}', which is retired (--retired-schedulers): set " \
+           "hami-scheduler" in r.stderr
+    obj = stored(controlplane, ns, "retired")
+    assert obj["spec"]["schedulerName"] == "hami-scheduler"
+    # 4.7: the stored pod, applied again, is the webhook's own output: no change, no warning.
+    again = controlplane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj), check=False)
+    assert again.returncode == 0 and "Warning" not in again.stderr, again.stderr
+    # Another scheduler is still left alone.
+    r = apply(controlplane, ns, pod("volcano", {VGPU: 1, MEMORY: 32, CORE: 8}, schedulerName="volcano"))
+    assert r.returncode == 0 and "leaves it unchanged" in r.stderr
+    assert stored(controlplane, ns, "volcano")["spec"]["schedulerName"] == "volcano"
+
+
+def _log_lines(webhook, text: str) -> list[str]:
+    return [line for line in webhook.log.read_text(errors="replace").splitlines() if text in line]
+
+
+def test_an_overcommitted_node_is_used_as_reported_logged_once_and_counted(controlplane, ns, webhook):
+    """SPEC §2: 8 cards at overcommit_ratio 1.1 report 1408 units: C = 176, no card's size."""
+    name = "e2e-overcommit-node"
+    node = {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"capacity": {"mthreads.com/gpu": "8", CORE: "128", MEMORY: "1408"}}}
+    before = metric(webhook, "hami_mt_webhook_nonstandard_capacity_nodes")
+    apply_nodes(controlplane, [node])
+    try:
+        def fill(step: str) -> subprocess.CompletedProcess[str]:
+            manifest = pod(f"oc-{step}", {VGPU: 1}, nodeSelector={"kubernetes.io/hostname": name, "e2e-step": step})
+            return apply(controlplane, ns, manifest, "--dry-run=server", "-o", "json")
+
+        for step in range(1, 6):  # label changes: node events that keep the capacity
+            controlplane.kubectl("label", "node", name, f"e2e-step={step}", "--overwrite")
+        deadline = time.monotonic() + 20
+        while json.loads((r := fill("5")).stdout)["spec"]["containers"][0]["resources"]["limits"][MEMORY] != "176":
+            assert time.monotonic() < deadline, r.stderr  # the last label reached the view: so did all before it
+            time.sleep(0.2)
+        assert "mthreads.com/sgpu-memory 176 (88 GiB); 176 units a card is not a known card size (96, 160): the " \
+               "node's reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio" in r.stderr
+        assert metric(webhook, "hami_mt_webhook_nonstandard_capacity_nodes") == before + 1
+        assert len(_log_lines(webhook, f"node {name}: 176 units")) == 1  # six events, one line
+    finally:
+        controlplane.kubectl("delete", "node", name)
+    deadline = time.monotonic() + 20
+    while metric(webhook, "hami_mt_webhook_nonstandard_capacity_nodes") != before:
+        assert time.monotonic() < deadline, "the deleted node still counts"
+        time.sleep(0.2)
+
+
+def test_the_opt_in_sliced_node_taint_is_tolerated_by_slice_pods_only(controlplane, ns):
+    """--sliced-node-taint: sliced nodes tainted so whole-card pods stay off them; slice pods tolerate it."""
+    key, _, rest = TAINT.partition("=")
+    value, _, effect = rest.partition(":")
+    toleration = {"key": key, "operator": "Equal", "value": value, "effect": effect}
+    r = apply(controlplane, ns, pod("tolerating", {VGPU: 1, MEMORY: 8, CORE: 2}))
+    assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr  # like the scheduler rewrite: silent
+    obj = stored(controlplane, ns, "tolerating")
+    assert toleration in obj["spec"]["tolerations"]
+    assert sum(t.get("key") == key for t in obj["spec"]["tolerations"]) == 1
+    again = controlplane.kubectl("apply", "-n", ns, "-f", "-", input=json.dumps(obj), check=False)
+    assert again.returncode == 0, again.stderr
+    assert stored(controlplane, ns, "tolerating")["spec"]["tolerations"] == obj["spec"]["tolerations"]
+    assert apply(controlplane, ns, pod("whole-untolerated", {WHOLE: 1})).returncode == 0
+    tolerations = stored(controlplane, ns, "whole-untolerated")["spec"].get("tolerations") or []
+    assert all(t.get("key") != key for t in tolerations)  # never sent to the webhook: keeps off sliced nodes
