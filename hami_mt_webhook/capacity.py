@@ -18,6 +18,7 @@ import orjson
 
 from .config import CORES_PER_CARD, Config
 from .quantities import QuantityError, whole
+from .text import clip
 
 logger = logging.getLogger(__name__)
 
@@ -53,17 +54,17 @@ def report(node: Mapping[str, Any], config: Config) -> NodeReport | None:
         cores = whole(capacity.get(config.core))
         memory = whole(capacity.get(config.memory, 0))
     except QuantityError as err:
-        logger.warning("node %s: ignoring unreadable sliced capacity (%s)", name, err)
+        _warn_once(name, f"node {clip(name)}: ignoring unreadable sliced capacity ({err})")
         return None
     if cores <= 0 or cores % CORES_PER_CARD or memory <= 0:
         if cores:
-            logger.warning("node %s: %s=%s, %s=%s is not a sliced-card report; ignored",
-                           name, config.core, cores, config.memory, memory)
+            _warn_once(name, f"node {clip(name)}: {config.core}={cores}, {config.memory}={memory} is not a "
+                             "sliced-card report; ignored")
         return None
     cards = cores // CORES_PER_CARD
     per_card = memory // cards
     if per_card < 2:
-        logger.warning("node %s: %s units per card is below the smallest slice; ignored", name, per_card)
+        _warn_once(name, f"node {clip(name)}: {per_card} units per card is below the smallest slice; ignored")
         return None
     labels = metadata.get("labels") or {}
     if not isinstance(labels, Mapping):
@@ -71,6 +72,20 @@ def report(node: Mapping[str, Any], config: Config) -> NodeReport | None:
     # Most label values repeat across thousands of nodes (zone, arch, model): keep one copy of each.
     labels = {sys.intern(k): sys.intern(v) if isinstance(v, str) else v for k, v in labels.items()}
     return NodeReport(name=str(name), labels=labels, cards=cards, per_card=per_card)
+
+
+#: The last warning logged for each node: a node's status arrives again with every kubelet heartbeat,
+#: and SPEC §2 asks for one line per odd node, not one per event.
+_WARNED: dict[str, str] = {}
+
+
+def _warn_once(name: str, message: str) -> None:
+    if _WARNED.get(name) == message:
+        return
+    if len(_WARNED) >= 10_000:  # a bound, not a cache: at worst a line is repeated
+        _WARNED.clear()
+    _WARNED[name] = message
+    logger.warning("%s", message)
 
 
 class ClusterView:

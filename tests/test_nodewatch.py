@@ -213,3 +213,18 @@ def test_lines_are_split_across_any_chunk_boundary():
 def test_a_line_without_an_end_is_refused_past_the_limit():
     with pytest.raises(WatchError, match="longer than"):
         split_into([b"x" * (MAX_LINE // 4)] * 5)
+
+
+def test_a_node_that_is_not_a_sliced_report_is_logged_once(feed, caplog):
+    odd = {"metadata": {"name": "odd", "resourceVersion": "1"},
+           "status": {"capacity": {"mthreads.com/sgpu-core": "24", "mthreads.com/sgpu-memory": "160"}}}
+    feed.start_build()
+    with caplog.at_level("WARNING"):
+        for _ in range(5):  # the same status with every heartbeat
+            feed.line(event("ADDED" if feed.build else "MODIFIED", odd))
+        feed.line(bookmark("2", end=True))
+        feed.line(event("MODIFIED", odd))
+    lines = [r.getMessage() for r in caplog.records if "odd" in r.getMessage()]
+    assert lines == ["node odd: mthreads.com/sgpu-core=24, mthreads.com/sgpu-memory=160 is not a sliced-card "
+                     "report; ignored"]
+    assert len(feed.view) == 0
