@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,9 +50,13 @@ SERVICE_MONITOR_CRD = {
 Doc = dict[str, Any]
 
 
+#: helm's cache, config and data homes: this run's own, never the user's ~/.config/helm (removed at exit).
+_HELM_HOME = tempfile.TemporaryDirectory(prefix="hami-mt-helm-")
+
+
 def helm(*args: str, kubeconfig: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run the built helm with its state in a scratch directory, never the user's ~/.config/helm."""
-    home = Path(os.environ.get("PYTEST_HELM_HOME", "/tmp")) / f"hami-mt-helm-{os.getuid()}"
+    """Run the built helm; fails the test with helm's own message when `check` and helm exits non-zero."""
+    home = Path(_HELM_HOME.name)
     env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
            "HELM_DATA_HOME": str(home / "data")}
     if kubeconfig is not None:
