@@ -13,7 +13,7 @@ $(VENV)/.installed: pyproject.toml
 
 setup: $(VENV)/.installed
 
-controlplane:  ## build etcd, kube-apiserver and kubectl (cached outside the tree)
+controlplane:  ## build etcd, kube-apiserver, kubectl and helm (cached outside the tree)
 	scripts/build-controlplane.sh
 
 run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything

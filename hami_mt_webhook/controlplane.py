@@ -42,7 +42,7 @@ from hami_mt_webhook import certs
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-controlplane.sh"
 BIN_ENV = "HAMI_MT_CONTROLPLANE_BIN"
-BINARIES = ("etcd", "kube-apiserver", "kubectl")
+BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm")
 DEFAULT_RUN_DIR = Path.home() / ".cache" / "hami-mt-webhook" / "run"
 STATE_FILE = "controlplane.json"
 KUBECONFIG_FILE = "admin.kubeconfig"
@@ -73,7 +73,7 @@ class KubectlError(subprocess.CalledProcessError):
 
 
 def binaries() -> Path:
-    """The directory with etcd, kube-apiserver and kubectl.
+    """The directory with etcd, kube-apiserver, kubectl and helm.
 
     `$HAMI_MT_CONTROLPLANE_BIN` wins, for machines that already have the binaries; otherwise the
     build script builds them once into a versioned cache (progress goes to our stderr, since a first

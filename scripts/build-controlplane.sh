@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kubectl from their Go modules into a cache keyed by version,
+# Builds etcd, kube-apiserver, kubectl and helm from their Go modules into a cache keyed by version,
 # outside the work tree, so a second run (and CI on the same machine) takes seconds.
 # Prints the cache directory on stdout; progress goes to stderr.
 set -euo pipefail
@@ -8,13 +8,15 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 cp_dir="$here/controlplane"
 k8s_version=$(awk '/^require k8s.io\/kubernetes /{print $3}' "$cp_dir/go.mod")
 etcd_version=$(awk '/^require go.etcd.io\/etcd\/server\/v3 /{print $3}' "$cp_dir/etcd/go.mod")
+helm_version=$(awk '/^require helm.sh\/helm\/v4 /{print $3}' "$cp_dir/helm/go.mod")
 # The script itself is part of the key: a change to the build flags must not reuse old binaries.
-key=$( (cat "$cp_dir/go.mod" "$cp_dir/go.sum" "$cp_dir/etcd/go.mod" "$cp_dir/etcd/go.sum" "${BASH_SOURCE[0]}"
+key=$( (cat "$cp_dir/go.mod" "$cp_dir/go.sum" "$cp_dir/etcd/go.mod" "$cp_dir/etcd/go.sum" \
+          "$cp_dir/helm/go.mod" "$cp_dir/helm/go.sum" "${BASH_SOURCE[0]}"
         go env GOVERSION) | sha256sum | cut -c1-12)
 cache_root=${HAMI_MT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hami-mt-webhook}
-out="$cache_root/controlplane/$k8s_version-etcd-$etcd_version-$key"
+out="$cache_root/controlplane/$k8s_version-etcd-$etcd_version-helm-$helm_version-$key"
 
-if [[ -x "$out/kube-apiserver" && -x "$out/kubectl" && -x "$out/etcd" ]]; then
+if [[ -x "$out/kube-apiserver" && -x "$out/kubectl" && -x "$out/etcd" && -x "$out/helm" ]]; then
   echo "$out"
   exit 0
 fi
@@ -40,6 +42,10 @@ log "building kube-apiserver $k8s_version (the longest step)"
 (cd "$cp_dir" && go build -trimpath -ldflags "$ldflags $version_ldflags" -o "$out.tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
 log "building kubectl $k8s_version"
 (cd "$cp_dir" && go build -trimpath -ldflags "$ldflags $version_ldflags" -o "$out.tmp/kubectl" k8s.io/kubernetes/cmd/kubectl)
+log "building helm $helm_version"
+# As helm's own release build stamps it; otherwise "helm version" reports only the minor version.
+helm_ldflags="-X helm.sh/helm/v4/internal/version.version=$helm_version -X helm.sh/helm/v4/internal/version.metadata="
+(cd "$cp_dir/helm" && go build -trimpath -ldflags "$ldflags $helm_ldflags" -o "$out.tmp/helm" helm.sh/helm/v4/cmd/helm)
 rm -rf "$out" && mv "$out.tmp" "$out"
 log "done: $out"
 echo "$out"

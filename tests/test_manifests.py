@@ -523,6 +523,9 @@ def test_deployment_container(docs: list[dict[str, Any]]) -> None:
     assert c["command"] == [
         "hami-mt-webhook", "serve", "--listen", "0.0.0.0", "--port", "8443", "--cert-file", "/tls/tls.crt",
         "--key-file", "/tls/tls.key", "--health-port", "8080", "--metrics-port", "9090",
+        "--scheduler-name", "hami-scheduler", "--vgpu-resource", "mthreads.com/vgpu",
+        "--memory-resource", "mthreads.com/sgpu-memory", "--core-resource", "mthreads.com/sgpu-core",
+        "--whole-card-resources", "mthreads.com/gpu", "--memory-per-card", "96",
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["https"] == 8443 and ports["metrics"] == 9090

@@ -1,0 +1,132 @@
+{{/* The name of every object; fixed, since the webhook configurations are cluster-scoped (one install per cluster). */}}
+{{- define "hmw.name" -}}hami-mt-webhook{{- end -}}
+
+{{/* Labels of every object: the selector label the kustomize base uses, plus Helm's bookkeeping. */}}
+{{- define "hmw.labels" -}}
+app.kubernetes.io/name: hami-mt-webhook
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* A resource name as a CEL string literal; names are DNS subdomain + path, so a quote means a typo. */}}
+{{- define "hmw.celString" -}}
+{{- if or (contains "'" .) (contains "\\" .) (eq . "") -}}
+{{- fail (printf "resource name %q cannot be empty or contain quotes or backslashes" .) -}}
+{{- end -}}
+{{- squote . -}}
+{{- end -}}
+
+{{/* The slice resource names, in the order the server and the docs list them. */}}
+{{- define "hmw.sliceNames" -}}
+{{- $r := .Values.resourceNames -}}
+{{- list $r.vgpu $r.memory $r.core | toJson -}}
+{{- end -}}
+
+{{/* The slice resource names as a CEL list literal: ['mthreads.com/vgpu', ...]. */}}
+{{- define "hmw.sliceList" -}}
+{{- $items := list -}}
+{{- range (include "hmw.sliceNames" . | fromJsonArray) }}{{ $items = append $items (include "hmw.celString" .) }}{{ end -}}
+[{{ join ", " $items }}]
+{{- end -}}
+
+{{/* The whole-card resource names (a list; a single string is accepted too). */}}
+{{- define "hmw.wholeCardNames" -}}
+{{- $w := .Values.resourceNames.wholeCard -}}
+{{- if kindIs "string" $w }}{{ $w = list $w }}{{ end -}}
+{{- if not $w }}{{ fail "resourceNames.wholeCard must name at least one resource" }}{{ end -}}
+{{- toJson $w -}}
+{{- end -}}
+
+{{/* memoryPerCard as the server's flag value: "96" or "96,160". */}}
+{{- define "hmw.memoryPerCard" -}}
+{{- $m := .Values.memoryPerCard -}}
+{{- if not (kindIs "slice" $m) }}{{ $m = list $m }}{{ end -}}
+{{- $out := list -}}
+{{- range $m }}{{ $out = append $out (int64 .) }}{{ end -}}
+{{- join "," $out -}}
+{{- end -}}
+
+{{/* The namespaces no webhook looks at: the configured ones and the release namespace. */}}
+{{- define "hmw.namespaceSelector" -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: {{ concat .Values.excludedNamespaces (list .Release.Namespace) | uniq | toJson }}
+  - key: hami.io/webhook
+    operator: NotIn
+    values: [ignore]
+{{- end -}}
+
+{{/* The matchCondition of the pod webhooks and the backstop: the pod names a slice resource. */}}
+{{- define "hmw.podNamesSlice" -}}
+{{- $slices := include "hmw.sliceList" . -}}
+((has(object.spec.containers) ? object.spec.containers : []) +
+(has(object.spec.initContainers) ? object.spec.initContainers : [])).exists(c,
+has(c.resources) &&
+((has(c.resources.limits) && c.resources.limits.exists(r, r in
+{{ $slices }})) ||
+(has(c.resources.requests) && c.resources.requests.exists(r, r in
+{{ $slices }}))))
+{{- end -}}
+
+{{/*
+The CA and serving certificate, made once per render and memoized in .Values so that the Secret and every
+webhook configuration carry the same pair. On upgrade the existing Secret is read back (`lookup`) and reused.
+Returns a dict as JSON: caCert, cert, key (base64 PEM).
+*/}}
+{{- define "hmw.tls" -}}
+{{- if not (hasKey .Values "__hmwTLS") -}}
+{{- $secret := lookup "v1" "Secret" .Release.Namespace "hami-mt-webhook-tls" -}}
+{{- $data := dict -}}
+{{- if $secret }}{{ $data = $secret.data | default dict }}{{ end -}}
+{{- if and (index $data "ca.crt") (index $data "tls.crt") (index $data "tls.key") -}}
+{{- $_ := set .Values "__hmwTLS" (dict "caCert" (index $data "ca.crt") "cert" (index $data "tls.crt") "key" (index $data "tls.key")) -}}
+{{- else -}}
+{{- $svc := printf "%s.%s.svc" (include "hmw.name" .) .Release.Namespace -}}
+{{- $days := int .Values.certificate.validityDays -}}
+{{- $ca := genCA "hami-mt-webhook-ca" $days -}}
+{{- $cert := genSignedCert $svc nil (list $svc (printf "%s.cluster.local" $svc)) $days $ca -}}
+{{- $_ := set .Values "__hmwTLS" (dict "caCert" ($ca.Cert | b64enc) "cert" ($cert.Cert | b64enc) "key" ($cert.Key | b64enc)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson (get .Values "__hmwTLS") -}}
+{{- end -}}
+
+{{/* A webhook's clientConfig: the Service, or the development URL. Call with (dict "root" $ "path" "/mutate-pods"). */}}
+{{- define "hmw.clientConfig" -}}
+{{- $root := .root -}}
+{{- $dev := $root.Values.development -}}
+{{- if $dev.webhookURL }}
+url: {{ printf "%s%s" (trimSuffix "/" $dev.webhookURL) .path | quote }}
+{{- else }}
+service:
+  namespace: {{ $root.Release.Namespace }}
+  name: {{ include "hmw.name" $root }}
+  port: 443
+  path: {{ .path }}
+{{- end }}
+{{- if not $root.Values.certManager.enabled }}
+caBundle: {{ $dev.caBundle | default (include "hmw.tls" $root | fromJson).caCert }}
+{{- else if $dev.caBundle }}
+caBundle: {{ $dev.caBundle }}
+{{- end }}
+{{- end -}}
+
+{{/* Annotations of a webhook configuration: cert-manager's cainjector fills the caBundle. */}}
+{{- define "hmw.webhookAnnotations" -}}
+{{- if and .Values.certManager.enabled (not .Values.development.caBundle) }}
+annotations:
+  cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "hmw.name" .) }}
+{{- end }}
+{{- end -}}
+
+{{/* Checks of values the API server would otherwise refuse only at install time. */}}
+{{- define "hmw.validate" -}}
+{{- if not (has .Values.failurePolicy (list "Fail" "Ignore")) }}{{ fail "failurePolicy must be Fail or Ignore" }}{{ end -}}
+{{- if not (has .Values.workloadCheck.failurePolicy (list "Fail" "Ignore")) }}{{ fail "workloadCheck.failurePolicy must be Fail or Ignore" }}{{ end -}}
+{{- $t := int .Values.timeoutSeconds -}}
+{{- if or (lt $t 1) (gt $t 30) }}{{ fail "timeoutSeconds must be between 1 and 30" }}{{ end -}}
+{{- if not (has .Values.antiAffinity (list "soft" "hard" "none")) }}{{ fail "antiAffinity must be soft, hard or none" }}{{ end -}}
+{{- end -}}

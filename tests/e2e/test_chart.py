@@ -1,0 +1,333 @@
+"""The Helm chart, with the real helm (built like the control plane) against a real kube-apiserver.
+
+The chart and the kustomize base are two renderings of one design: with default values they must give
+the same objects, field by field, so they cannot drift. The lifecycle tests run on a control plane of
+their own (the session one carries the kustomize install, whose objects have the chart's names), with
+the chart's webhook configurations pointed at a webhook running as a local process.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hami_mt_webhook import manifests
+from hami_mt_webhook.controlplane import ControlPlane, binaries
+from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
+
+from .support import pod
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "hami-mt-webhook"
+NS = "hami-mt-webhook"
+RELEASE = "hami-mt-webhook"
+SECRET = "hami-mt-webhook-tls"
+#: Labels the chart adds for Helm's bookkeeping; everything else must match the kustomize base.
+HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version",
+               "helm.sh/chart")
+CONFIGS = (("MutatingWebhookConfiguration", "hami-mt-webhook"), ("ValidatingWebhookConfiguration", "hami-mt-webhook"),
+           ("ValidatingWebhookConfiguration", "hami-mt-webhook-workloads"))
+SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
+#: Just enough of the Prometheus operator's CRD for the API server to serve ServiceMonitors.
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
+             "versions": [{"name": "v1", "served": True, "storage": True,
+                           "schema": {"openAPIV3Schema": {"type": "object",
+                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
+}  # fmt: skip
+
+Doc = dict[str, Any]
+
+
+#: helm's cache, config and data homes: this run's own, never the user's ~/.config/helm (removed at exit).
+_HELM_HOME = tempfile.TemporaryDirectory(prefix="hami-mt-helm-")
+
+
+def helm(*args: str, kubeconfig: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run the built helm; fails the test with helm's own message when `check` and helm exits non-zero."""
+    home = Path(_HELM_HOME.name)
+    env = {**os.environ, "HELM_CACHE_HOME": str(home / "cache"), "HELM_CONFIG_HOME": str(home / "config"),
+           "HELM_DATA_HOME": str(home / "data")}
+    if kubeconfig is not None:
+        env["KUBECONFIG"] = str(kubeconfig)
+    proc = subprocess.run([str(binaries() / "helm"), *args], capture_output=True, text=True, env=env)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
+    return proc
+
+
+def template(*args: str) -> list[Doc]:
+    out = helm("template", RELEASE, str(CHART), "--namespace", NS, *args).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def find(docs: list[Doc], kind: str, name: str) -> Doc:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+def kinds(docs: list[Doc]) -> set[tuple[str, str]]:
+    return {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def without_helm_labels(doc: Doc) -> Doc:
+    """`doc` with the bookkeeping labels removed wherever labels are (object and pod template)."""
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: strip(v) for k, v in node.items()}
+            if isinstance(out.get("metadata"), dict) and isinstance(out["metadata"].get("labels"), dict):
+                out["metadata"]["labels"] = {k: v for k, v in out["metadata"]["labels"].items()
+                                             if k not in HELM_LABELS}
+            return out
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+    return strip(doc)
+
+
+def differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Every field path where `a` and `b` differ, so a failure names the field, not just the object."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b)):
+            if key not in a or key not in b:
+                out.append(f"{path}.{key}: only in {'chart' if key in a else 'kustomize'}")
+            else:
+                out.extend(differences(a[key], b[key], f"{path}.{key}"))
+        return out
+    if isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in differences(x, y, f"{path}[{i}]")]
+    return [] if a == b else [f"{path}: chart {a!r} != kustomize {b!r}"]
+
+
+def kustomize() -> list[Doc]:
+    out = subprocess.run([str(binaries() / "kubectl"), "kustomize", str(manifests.base_dir())], check=True,
+                         capture_output=True, text=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> list[Doc]:
+    return template()
+
+
+# --- rendering ---------------------------------------------------------------------------------------------
+
+
+def test_helm_is_the_pinned_version() -> None:
+    assert helm("version", "--short").stdout.startswith("v4.3.2")
+
+
+def test_lint() -> None:
+    out = helm("lint", "--strict", str(CHART)).stdout
+    assert "0 chart(s) failed" in out
+
+
+def test_template_matches_kustomize_field_by_field(rendered: list[Doc]) -> None:
+    """Default values give the kustomize base as `hami-mt-webhook certs` completes it: the same objects
+    with the caBundle of our CA, plus the TLS Secret. The Namespace is the one object the chart leaves
+    out: Helm stores the release in it, so it must exist before `helm install`."""
+    secret = find(rendered, "Secret", SECRET)
+    assert secret["type"] == "kubernetes.io/tls" and set(secret["data"]) == {"ca.crt", "tls.crt", "tls.key"}
+    ca_pem = base64.b64decode(secret["data"]["ca.crt"])
+    assert ca_pem.startswith(b"-----BEGIN CERTIFICATE-----")
+    base = [d for d in manifests.with_ca_bundle(kustomize(), ca_pem) if d["kind"] != "Namespace"]
+    chart = [without_helm_labels(d) for d in rendered if d["kind"] != "Secret"]
+    assert kinds(chart) == kinds(base)
+    for doc in base:
+        other = find(chart, doc["kind"], doc["metadata"]["name"])
+        assert differences(other, doc) == [], f"{doc['kind']} {doc['metadata']['name']}"
+    # The labels Helm adds are all that was set aside.
+    assert all(set(d["metadata"]["labels"]) - set(HELM_LABELS) == {"app.kubernetes.io/name"} for d in rendered)
+
+
+def test_one_certificate_is_rendered_for_every_configuration(rendered: list[Doc]) -> None:
+    ca = find(rendered, "Secret", SECRET)["data"]["ca.crt"]
+    bundles = {w["clientConfig"]["caBundle"] for kind, name in CONFIGS for w in find(rendered, kind, name)["webhooks"]}
+    assert bundles == {ca}
+
+
+def test_a_rename_reaches_every_derived_field() -> None:
+    """The server's flags, every matchCondition and the backstop's CEL and messages come from the values."""
+    docs = template("--set", "resourceNames.vgpu=example.com/vgpu", "--set", "resourceNames.memory=example.com/mem",
+                    "--set", "resourceNames.core=example.com/core",
+                    "--set", "resourceNames.wholeCard={example.com/MTT-S4000,example.com/MTT-S5000-80G}",
+                    "--set", "schedulerName=my-hami", "--set", "memoryPerCard={96,160}")
+    text = yaml.safe_dump_all(docs)
+    assert "mthreads.com/" not in text and "hami-scheduler" not in text
+    literal = "['example.com/vgpu', 'example.com/mem', 'example.com/core']"
+    conditions = [c["expression"] for kind, name in CONFIGS for w in find(docs, kind, name)["webhooks"]
+                  for c in w["matchConditions"]]
+    policy = find(docs, "ValidatingAdmissionPolicy", "hami-mt-backstop")["spec"]
+    conditions += [c["expression"] for c in policy["matchConditions"]]
+    assert len(conditions) == 4 and all(c.count(literal) == 2 for c in conditions)
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert variables["sliceNames"] == literal
+    assert "['example.com/MTT-S4000', 'example.com/MTT-S5000-80G']" in variables["wholeCard"]
+    messages = " ".join(v["messageExpression"] for v in policy["validations"])
+    assert "example.com/MTT-S4000, example.com/MTT-S5000-80G (whole card)" in messages
+    assert "(example.com/vgpu, example.com/mem, example.com/core)" in messages
+    assert messages.count("my-hami") == 3
+    (container,) = find(docs, "Deployment", "hami-mt-webhook")["spec"]["template"]["spec"]["containers"]
+    args = container["command"]
+    flags = {args[i]: args[i + 1] for i in range(2, len(args), 2)}
+    assert flags["--scheduler-name"] == "my-hami" and flags["--memory-per-card"] == "96,160"
+    assert (flags["--vgpu-resource"], flags["--memory-resource"], flags["--core-resource"]) == (
+        "example.com/vgpu", "example.com/mem", "example.com/core")
+    assert flags["--whole-card-resources"] == "example.com/MTT-S4000,example.com/MTT-S5000-80G"
+
+
+def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
+    assert ("ServiceMonitor", "hami-mt-webhook") not in kinds(rendered)  # no CRD, no ServiceMonitor
+    assert ("ServiceMonitor", "hami-mt-webhook") in kinds(template("--api-versions", SERVICE_MONITOR_API))
+    off = kinds(template("--set", "workloadCheck.enabled=false", "--set", "backstop.enabled=false"))
+    assert off == kinds(rendered) - {CONFIGS[2], ("ValidatingAdmissionPolicy", "hami-mt-backstop"),
+                                     ("ValidatingAdmissionPolicyBinding", "hami-mt-backstop")}
+    docs = template("--set", "failurePolicy=Ignore", "--set", "workloadCheck.failurePolicy=Fail",
+                    "--set", "timeoutSeconds=7", "--set", "replicas=5",
+                    "--set", "excludedNamespaces={kube-system,monitoring}", "--set", "antiAffinity=hard",
+                    "--set", "priorityClassName=", "--set", "image.tag=9.9.9")
+    for kind, name in CONFIGS:
+        for w in find(docs, kind, name)["webhooks"]:
+            assert w["timeoutSeconds"] == 7
+            assert w["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "monitoring", NS]
+            assert w["failurePolicy"] == ("Ignore" if name == "hami-mt-webhook" else "Fail")
+    spec = find(docs, "Deployment", "hami-mt-webhook")["spec"]
+    assert spec["replicas"] == 5 and "priorityClassName" not in spec["template"]["spec"]
+    assert spec["template"]["spec"]["containers"][0]["image"] == "hami-mt-webhook:9.9.9"
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    bad = helm("template", RELEASE, str(CHART), "--set", "failurePolicy=Sometimes", check=False)
+    assert bad.returncode != 0 and "failurePolicy must be Fail or Ignore" in bad.stderr
+
+
+def test_cert_manager_replaces_the_generated_certificate(rendered: list[Doc]) -> None:
+    docs = template("--set", "certManager.enabled=true")
+    assert ("Secret", SECRET) not in kinds(docs)
+    cert = find(docs, "Certificate", "hami-mt-webhook")
+    component = manifests.load(manifests.base_dir() / "components" / "cert-manager" / "certificate.yaml")
+    assert without_helm_labels(cert) == find(component, "Certificate", "hami-mt-webhook")
+    assert without_helm_labels(find(docs, "Issuer", "hami-mt-webhook-selfsigned")) == find(
+        component, "Issuer", "hami-mt-webhook-selfsigned")
+    for kind, name in CONFIGS:
+        config = find(docs, kind, name)
+        assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NS}/hami-mt-webhook"}
+        assert all("caBundle" not in w["clientConfig"] for w in config["webhooks"])
+
+
+# --- on the API server -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """A control plane of our own, with the release namespace made as the README says and the
+    ServiceMonitor CRD, so the chart's optional object is checked too."""
+    with ControlPlane(workdir=tmp_path_factory.mktemp("chart-cp")) as cp:
+        cp.kubectl("create", "namespace", NS)
+        cp.kubectl("label", "namespace", NS, "hami.io/webhook=ignore", "pod-security.kubernetes.io/enforce=restricted")
+        cp.kubectl("create", "namespace", "chart-e2e")
+        cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
+        cp.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com")
+        yield cp
+
+
+@pytest.fixture(scope="module")
+def local_hook(cluster: ControlPlane) -> Iterator[LocalWebhook]:
+    hook = LocalWebhook(cluster, cluster.workdir / "webhook")
+    yield hook
+    hook.stop()
+
+
+def test_every_rendered_object_passes_server_dry_run(cluster: ControlPlane) -> None:
+    docs = template("--api-versions", SERVICE_MONITOR_API)
+    assert ("ServiceMonitor", "hami-mt-webhook") in kinds(docs)
+    for doc in docs:
+        out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
+        assert out.returncode == 0, f"{doc['kind']} {doc['metadata']['name']}: {out.stderr}"
+
+
+def get(cp: ControlPlane, kind: str, name: str, ns: str | None = None) -> Doc:
+    args = ["get", kind, name, "-o", "json", *(["-n", ns] if ns else [])]
+    return json.loads(cp.kubectl(*args).stdout)
+
+
+def bundles(cp: ControlPlane) -> dict[str, str]:
+    return {f"{kind}/{name}/{w['name']}": w["clientConfig"]["caBundle"] for kind, name in CONFIGS
+            for w in get(cp, kind, name)["webhooks"]}
+
+
+def create(cp: ControlPlane, manifest: Doc) -> subprocess.CompletedProcess[str]:
+    return cp.kubectl("create", "-n", "chart-e2e", "-o", "json", "-f", "-", input=json.dumps(manifest), check=False)
+
+
+class TestLifecycle:
+    """install → admission through the chart's configurations → upgrade → uninstall, in this order."""
+
+    def test_install_then_admission_works_through_the_charts_configurations(
+            self, cluster: ControlPlane, local_hook: LocalWebhook) -> None:
+        dev = ["--set", f"development.webhookURL={local_hook.url}",
+               "--set", f"development.caBundle={base64.b64encode(local_hook.certs.bundle.read_bytes()).decode()}"]
+        helm("install", RELEASE, str(CHART), "--namespace", NS, *dev, kubeconfig=cluster.kubeconfig)
+        # The webhook logs in as the chart's ServiceAccount: the chart's RBAC is what it runs with.
+        token = cluster.kubectl("create", "token", "hami-mt-webhook", "-n", NS, "--duration=1h").stdout.strip()
+        local_hook.kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        local_hook.kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
+            "clusters": [{"name": "local", "cluster": {"server": cluster.server,
+                                                        "certificate-authority": str(cluster.ca_file)}}],
+            "users": [{"name": "hami-mt-webhook", "user": {"token": token}}],
+            "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": "hami-mt-webhook"}}]}))
+        apply_nodes(cluster, example_nodes())
+        local_hook.start()
+        assert ("ServiceMonitor", "hami-mt-webhook") in {
+            (d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(
+                helm("get", "manifest", RELEASE, "-n", NS, kubeconfig=cluster.kubeconfig).stdout) if d}
+        urls = [w["clientConfig"]["url"] for kind, name in CONFIGS for w in get(cluster, kind, name)["webhooks"]]
+        assert len(urls) == 3 and all(u.startswith(local_hook.url) for u in urls)
+        admitted = create(cluster, pod("sliced", {"mthreads.com/vgpu": 1}))
+        assert admitted.returncode == 0, admitted.stderr
+        spec = json.loads(admitted.stdout)["spec"]
+        assert spec["schedulerName"] == "hami-scheduler"
+        assert "mthreads.com/sgpu-memory" in spec["containers"][0]["resources"]["limits"]
+        refused = create(cluster, pod("mixed", {"mthreads.com/gpu": 1, "mthreads.com/vgpu": 1}))
+        assert refused.returncode != 0 and "mthreads.com/gpu" in refused.stderr
+
+    def test_upgrade_keeps_the_certificate_and_the_ca_bundle(self, cluster: ControlPlane) -> None:
+        secret, ca_bundles = get(cluster, "secret", SECRET, NS)["data"], bundles(cluster)
+        helm("upgrade", RELEASE, str(CHART), "--namespace", NS, "--reuse-values", "--set", "timeoutSeconds=5",
+             kubeconfig=cluster.kubeconfig)
+        assert get(cluster, "secret", SECRET, NS)["data"] == secret
+        assert bundles(cluster) == ca_bundles
+        assert {w["timeoutSeconds"] for kind, name in CONFIGS for w in get(cluster, kind, name)["webhooks"]} == {5}
+        # Without the development bundle, an upgrade renders the kept CA as the caBundle (lookup, not genCA).
+        out = helm("upgrade", RELEASE, str(CHART), "--namespace", NS, "--dry-run=server", "--reset-values",
+                   kubeconfig=cluster.kubeconfig).stdout
+        docs = [d for d in yaml.safe_load_all(out.split("MANIFEST:", 1)[1].split("NOTES:", 1)[0]) if d]
+        assert find(docs, "Secret", SECRET)["data"] == secret
+        assert {w["clientConfig"]["caBundle"] for kind, name in CONFIGS
+                for w in find(docs, kind, name)["webhooks"]} == {secret["ca.crt"]}
+        assert create(cluster, pod("after-upgrade", {"mthreads.com/vgpu": 1})).returncode == 0
+
+    def test_uninstall_leaves_nothing_that_blocks_pods(self, cluster: ControlPlane, local_hook: LocalWebhook) -> None:
+        helm("uninstall", RELEASE, "--namespace", NS, kubeconfig=cluster.kubeconfig)
+        for kind, name in (*CONFIGS, ("ValidatingAdmissionPolicy", "hami-mt-backstop"),
+                           ("ValidatingAdmissionPolicyBinding", "hami-mt-backstop")):
+            gone = cluster.kubectl("get", kind, name, check=False)
+            assert gone.returncode != 0 and "NotFound" in gone.stderr, f"{kind} {name} is still there"
+        local_hook.stop()  # nothing may call it now; if anything still did, the pod below would be refused
+        created = create(cluster, pod("after-uninstall", {"mthreads.com/vgpu": 1}))
+        assert created.returncode == 0, created.stderr
+        spec = json.loads(created.stdout)["spec"]
+        assert spec["schedulerName"] == "default-scheduler"
+        assert spec["containers"][0]["resources"]["limits"] == {"mthreads.com/vgpu": "1"}
