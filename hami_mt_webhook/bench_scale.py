@@ -372,7 +372,8 @@ def part_scale(opts: argparse.Namespace, workdir: Path) -> Any:
                 f"{r['validate'].mean * 1e3:.2f}", f"{r['validate'].quantile(0.99) * 1e3:.2f}",
                 f"{_ms(r['probes'], 50):.2f}", f"{_ms(r['probes'], 99):.1f}",
                 f"{max(r['probes'], default=math.nan):.1f}",
-                f"{p.created}/{p.created + len(p.failed)}", f"{r['cp_cpu'] * 100:.0f} %" if "cp_cpu" in r else "–",
+                f"{p.created}/{p.created + len(p.failed)}", f"{r['cpu'] * 100:.1f} %" if "cpu" in r else "–",
+                f"{r['cp_cpu'] * 100:.0f} %" if "cp_cpu" in r else "–",
                 f"{r['work'].count:,.0f}", _slowest(r["work"])]
 
     rows = [["idle", *lat(idle)], [f"{opts.scale_churn:g} node updates/s", *lat(churn)],
@@ -384,8 +385,8 @@ def part_scale(opts: argparse.Namespace, workdir: Path) -> Any:
         "its `apiserver_admission_webhook_admission_duration_seconds` (coarse buckets: p99 interpolated, mean exact).",
         "",
         *table(["phase", "mutating mean ms", "mutating p99 ms", "validating mean ms", "validating p99 ms",
-                "direct p50 ms", "direct p99 ms", "direct max ms", "pods created", "etcd + API server CPU",
-                "node batches", "slowest batch ms"], rows),
+                "direct p50 ms", "direct p99 ms", "direct max ms", "pods created", "webhook CPU",
+                "etcd + API server CPU", "node batches", "slowest batch ms"], rows),
         "",
         f"- Churn: {churn['updates']:,} node status updates in {churn['seconds']:.0f} s cost the webhook "
         f"{churn['cpu'] * 100:.1f} % of one core, pods and reviews included (idle pods alone: "
