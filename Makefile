@@ -17,10 +17,10 @@ controlplane:  ## build etcd, kube-apiserver, kubectl and helm (cached outside t
 	scripts/build-controlplane.sh
 
 run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything
-	$(PY) -m hami_mt_webhook.cli try
+	$(PY) -m devtools.local
 
 lint: setup
-	$(VENV)/bin/ruff check hami_mt_webhook tests scripts
+	$(VENV)/bin/ruff check hami_mt_webhook devtools tests
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not e2e"
@@ -43,7 +43,7 @@ wrk:  ## the load generator of `make bench` (Debian package wrk; installed when 
 	  fi; }
 
 bench: setup controlplane wrk  ## figures, not a test: make bench BENCH_ARGS="--quick" or "--write docs/PERFORMANCE.md"
-	$(PY) -m hami_mt_webhook.bench $(BENCH_ARGS)
+	$(PY) -m devtools.bench $(BENCH_ARGS)
 
 certs: setup
 	$(VENV)/bin/hami-mt-webhook certs --dir certs

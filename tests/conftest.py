@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-import sys
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,15 +12,12 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from helpers import make_pod as _make_pod  # noqa: E402
-from helpers import nodes_view as _nodes_view  # noqa: E402
-
-from hami_mt_webhook import certs, server  # noqa: E402
-from hami_mt_webhook.capacity import ClusterView  # noqa: E402
-from hami_mt_webhook.config import Config  # noqa: E402
-from hami_mt_webhook.listener import Limits  # noqa: E402
+from hami_mt_webhook.rules.capacity import ClusterView
+from hami_mt_webhook.rules.config import Config
+from hami_mt_webhook.service import certs, server
+from hami_mt_webhook.service.listener import Limits
+from tests.builders import make_pod as _make_pod
+from tests.builders import nodes_view as _nodes_view
 
 
 @pytest.fixture
@@ -37,7 +33,7 @@ def nodes_view() -> ClusterView:
 
 @pytest.fixture
 def make_pod() -> Callable[..., dict[str, Any]]:
-    """helpers.make_pod: a Pod as the API server presents it to admission."""
+    """builders.make_pod: a Pod as the API server presents it to admission."""
     return _make_pod
 
 
@@ -123,7 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    from helpers import CASES
+    from tests.builders import CASES
 
     if CASES:
         terminalreporter.section("hypothesis cases run")

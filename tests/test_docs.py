@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from hami_mt_webhook import cli
+from hami_mt_webhook.cli import main as cli
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hami_mt_webhook.controlplane import ControlPlane, ControlPlaneError
-from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.controlplane import ControlPlane, ControlPlaneError
+from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
 from .support import RETIRED, TAINT
 

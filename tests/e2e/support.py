@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from hami_mt_webhook.controlplane import ControlPlane
+from devtools.controlplane import ControlPlane
 
 IMAGE = "registry.example.com/mthreads/musa-runtime:latest"
 VGPU, MEMORY, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"

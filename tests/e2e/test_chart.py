@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hami_mt_webhook import manifests
-from hami_mt_webhook.controlplane import ControlPlane, binaries
-from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
+from devtools import manifests
+from devtools.controlplane import ControlPlane, binaries
+from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
 from .support import pod
 

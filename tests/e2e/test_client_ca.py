@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from hami_mt_webhook import certs
-from hami_mt_webhook.local import LocalWebhook
+from devtools.local import LocalWebhook
+from hami_mt_webhook.service import certs
 
 from .support import VGPU, apply, pod, stored
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hami_mt_webhook.controlplane import ControlPlane, ControlPlaneError
+from devtools.controlplane import ControlPlane, ControlPlaneError
 
 from .support import processes_mentioning
 
@@ -101,7 +101,7 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     script = (
         "import json, os, signal, sys\n"
         "from pathlib import Path\n"
-        "from hami_mt_webhook.controlplane import ControlPlane\n"
+        "from devtools.controlplane import ControlPlane\n"
         f"cp = ControlPlane(workdir=Path({str(tmp_path)!r})).start()\n"
         "print(json.dumps(cp.pids), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -19,11 +19,12 @@ from collections.abc import Iterator
 
 import orjson
 import pytest
-from helpers import make_pod, review_body
 
-from hami_mt_webhook import bench, fleet
-from hami_mt_webhook.controlplane import ControlPlane
-from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
+from devtools import fleet
+from devtools.bench import main as bench
+from devtools.controlplane import ControlPlane
+from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from tests.builders import make_pod, review_body
 
 from .support import MEMORY, VGPU, apply, metric, pod
 from .traffic import Balancer, LoopThread

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import time
 
-from hami_mt_webhook.controlplane import ControlPlane
-from hami_mt_webhook.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.controlplane import ControlPlane
+from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
 from .support import MEMORY, ON_S5000, VGPU, apply, pod
 

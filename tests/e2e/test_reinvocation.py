@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hami_mt_webhook import certs
+from hami_mt_webhook.service import certs
 
 from .support import CORE, MEMORY, ON_S5000, VGPU, apply, metric, pod, resources, stored
 

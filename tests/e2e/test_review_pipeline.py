@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hami_mt_webhook import manifests
-from hami_mt_webhook.controlplane import binaries
+from devtools import manifests
+from devtools.controlplane import binaries
 
 EXE = Path(sys.executable).parent / "hami-mt-webhook"
 

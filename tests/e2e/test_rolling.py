@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from hami_mt_webhook import certs
-from hami_mt_webhook.local import LocalWebhook
+from devtools.local import LocalWebhook
+from hami_mt_webhook.service import certs
 
 from .support import VGPU, metric, pod
 from .traffic import Balancer, LoopThread, PodCreator

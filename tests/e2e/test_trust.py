@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hami_mt_webhook import manifests
+from devtools import manifests
 
 from .support import CORE, MEMORY, VGPU, WHOLE, apply, exists, pod, resources, stored
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hami_mt_webhook.controlplane import binaries
+from devtools.controlplane import binaries
 
 from .support import processes_mentioning
 
@@ -31,7 +31,7 @@ class Run:
     def __init__(self, base: Path, restart_delay: float = 5.0, read: bool = True) -> None:
         self.dir = base
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hami_mt_webhook.cli", "try", "--dir", str(base),
+            [sys.executable, "-m", "devtools.local", "--dir", str(base),
              "--restart-delay", str(restart_delay)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True, cwd=ROOT)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hami_mt_webhook.local import apply_nodes
+from devtools.local import apply_nodes
 
 from .support import (
     CORE,

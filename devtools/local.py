@@ -1,0 +1,310 @@
+"""The webhook as a local process beside a local control plane: `make run` and the end-to-end tests.
+
+The shipped manifests are applied through a local overlay (same rules, selectors, matchConditions and
+timeouts; only the clientConfig points at 127.0.0.1), and the webhook logs in with a token of the
+shipped ServiceAccount, so the shipped ClusterRole and binding are what it runs with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from devtools import manifests
+from devtools.controlplane import ControlPlane, _die_with_parent
+from hami_mt_webhook.service import certs
+
+NAMESPACE = "hami-mt-webhook"
+SERVICE_ACCOUNT = "hami-mt-webhook"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
+    """Create Node objects and set their capacity through the status subresource, as kubelet would."""
+    names = []
+    for node in nodes:
+        meta = {k: v for k, v in node["metadata"].items() if k in ("name", "labels")}
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "Node", "metadata": meta}))
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        status = {"status": {"capacity": capacity, "allocatable": capacity}}
+        cp.kubectl("patch", "node", meta["name"], "--subresource=status", "--type=merge", "-p", yaml.safe_dump(status))
+        names.append(meta["name"])
+    return names
+
+
+def example_nodes() -> list[dict[str, Any]]:
+    """The example S4000 and S5000 nodes, and a node with whole cards only."""
+    listed = yaml.safe_load((EXAMPLES / "nodes.yaml").read_text())["items"]
+    whole = {"metadata": {"name": "whole-card-node", "labels": {"mthreads.com/gpu.product": "MTT-S4000",
+                                                                 "kubernetes.io/hostname": "whole-card-node"}},
+             "status": {"capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "mthreads.com/gpu": "8"}}}
+    return [*listed, whole]
+
+
+class LocalWebhook:
+    """`hami-mt-webhook serve` in its own process, registered with the local API server."""
+
+    def __init__(self, cp: ControlPlane, workdir: Path, *, port: int | None = None,
+                 extra_args: Sequence[str] = (), env: dict[str, str] | None = None,
+                 certs_dir: Path | None = None, api_server: str | None = None) -> None:
+        self.cp = cp
+        self.api_server = api_server or cp.server  # where it watches Nodes (a test may put a proxy between)
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.extra_args = list(extra_args)
+        self.env = env or {}
+        self.proc: subprocess.Popen[bytes] | None = None
+        dns, ips = certs.split_sans(certs.LOCAL_SANS)  # the webhook is reached on loopback
+        self.certs = certs.ensure(certs_dir or self.workdir / "certs", extra_dns=dns, ips=ips)
+        self.log = self.workdir / f"webhook-{self.port}.log"
+        self.kubeconfig = self.workdir / "webhook.kubeconfig"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def install(self, url: str | None = None) -> None:
+        """Apply the manifests' local overlay (calling `url`, by default this process) and write a
+        kubeconfig for the shipped ServiceAccount."""
+        overlay = manifests.local_overlay(self.workdir / "overlay", url or self.url, self.certs.bundle.read_bytes())
+        self.cp.kubectl("apply", "-k", str(overlay))
+        token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=24h").stdout.strip()
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
+            "clusters": [{"name": "local", "cluster": {"server": self.api_server,
+                                                        "certificate-authority": str(self.cp.ca_file)}}],
+            "users": [{"name": SERVICE_ACCOUNT, "user": {"token": token}}],
+            "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": SERVICE_ACCOUNT}}],
+        }
+        certs.write_atomic(self.kubeconfig, yaml.safe_dump(config).encode(), 0o600)
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "hami_mt_webhook.cli", "serve", "--listen", "127.0.0.1",
+                "--port", str(self.port), "--health-listen", "127.0.0.1", "--health-port", str(self.health_port),
+                "--metrics-port", str(self.metrics_port), "--cert-file", str(self.certs.tls_cert),
+                "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]
+
+    def start(self, timeout: float = 60.0, wait_ready: bool = True) -> None:
+        """Start the process and wait until /readyz says the node view is synced (or only /livez)."""
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        with open(self.log, "ab") as log:
+            # Dies with us, even by SIGKILL, like the control plane's processes: never left retrying its watch.
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True, preexec_fn=_die_with_parent())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the webhook exited with {self.proc.returncode}:\n{self.tail()}")
+            if self.ready() if wait_ready else self.live():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the webhook was not ready after {timeout:.0f} s:\n{self.tail()}")
+
+    def ready(self) -> bool:
+        return self._probe("readyz")
+
+    def live(self) -> bool:
+        return self._probe("livez")
+
+    def _probe(self, path: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/{path}", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+            return r.read().decode()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
+        """Stop the process; returns its exit code (SIGKILL after `timeout`)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else None
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+#: Signals that end `make run`: Ctrl-C, `kill`, and a closed terminal.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: Seconds between the webhook's exit and its restart, doubled after each failed start up to MAX_RESTART_DELAY.
+RESTART_DELAY = 10.0
+MAX_RESTART_DELAY = 60.0
+
+
+class Stop(BaseException):
+    """Raised by the first stop signal, wherever `try_it` is; later signals are ignored while it cleans up."""
+
+
+class Console:
+    """Prints that survive a closed stdout (`make run | head -1`, a closed `tee`).
+
+    After the first failed write stdout is pointed at /dev/null, so no later print, and not the
+    interpreter's final flush, raises BrokenPipeError: the stop must never be skipped for a message.
+    """
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stdout
+        self.closed = False
+
+    def __call__(self, text: str) -> None:
+        if self.closed:
+            return
+        try:
+            print(text, file=self.stream, flush=True)
+        except (BrokenPipeError, ValueError, OSError):
+            self.closed = True
+            with contextlib.suppress(OSError, ValueError):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, self.stream.fileno())
+                os.close(devnull)
+
+
+def _exit_status(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, say: Console | None = None) -> int:
+    """`make run`: control plane, webhook and example nodes until Ctrl-C, SIGTERM or SIGHUP.
+
+    A webhook that dies is reported (how it ended, its last log lines) and restarted after
+    `restart_delay` seconds, while the control plane stays up: meanwhile slice pods are refused, the
+    outage docs/operating.md describes. Whatever ends the run, the webhook and the control plane are
+    stopped and the run directory is removed.
+    """
+    base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
+    base.mkdir(parents=True, exist_ok=True)
+    say = say or Console()
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if not stopping:
+            stopping.append(signum)
+            raise Stop(signum)
+
+    for sig in STOP_SIGNALS:  # set explicitly: a shell may start us with SIGINT ignored
+        signal.signal(sig, on_signal)
+    cp = ControlPlane(workdir=base)
+    webhook: LocalWebhook | None = None
+    try:
+        say("starting etcd and kube-apiserver (the first run builds them) ...")
+        cp.start()
+        webhook = LocalWebhook(cp, cp.workdir)
+        webhook.install()
+        apply_nodes(cp, example_nodes())
+        webhook.start()
+        say(_banner(cp, webhook, restart_delay))
+        return _supervise(cp, webhook, restart_delay, say)
+    except Stop:
+        return 0
+    finally:
+        stopping.append(0)  # from here on a signal changes nothing: the cleanup below must finish
+        say("\nstopping ...")
+        if webhook is not None:
+            webhook.stop()
+        cp.stop()
+
+
+def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float) -> str:
+    kubectl = cp.bin_dir / "kubectl"
+    pid = webhook.proc.pid if webhook.proc else "?"
+    return f"""
+hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
+(control plane ready in {cp.startup_seconds:.1f} s; webhook pid {pid}, log: {webhook.log})
+
+  export KUBECONFIG={cp.kubeconfig}
+  alias kubectl={kubectl}
+  kubectl get nodes -o 'custom-columns=NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,\\
+MEMORY:.status.capacity.mthreads\\.com/sgpu-memory'
+  kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
+  kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
+
+To try an outage, `kill {pid}`: the control plane stays up, slice pods are refused, whole-card and other
+pods are not, and the webhook is restarted {restart_delay:.0f} s later.
+Ctrl-C stops everything."""
+
+
+def _supervise(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, say: Console) -> int:
+    """Watch the webhook until a stop signal; report each exit and restart it, backing off on failed starts.
+
+    Returns 1 if etcd or kube-apiserver exits: without them there is nothing left to try.
+    """
+    delay = restart_delay
+    while True:
+        if len(cp.pids) < 2:
+            say(f"\netcd or kube-apiserver exited (running: {', '.join(cp.pids) or 'neither'}); "
+                f"their logs are in {cp.workdir}, which is removed now")
+            return 1
+        proc = webhook.proc
+        if proc is not None and proc.poll() is None:
+            time.sleep(0.5)
+            continue
+        code = proc.returncode if proc is not None else None
+        tail = "\n".join(f"  | {line}" for line in webhook.tail(10).splitlines())
+        say(f"\nthe webhook exited ({_exit_status(code) if code is not None else 'not running'}); "
+            f"the end of {webhook.log}:\n{tail}\n"
+            f"The control plane stays up. Until the webhook is back, pods asking for slices are refused "
+            f"(failurePolicy Fail); other pods are admitted. Restarting it in {delay:.0f} s ...")
+        time.sleep(delay)
+        try:
+            webhook.start()
+        except RuntimeError as err:
+            delay = min(delay * 2, MAX_RESTART_DELAY)
+            say(f"the webhook did not start again: {err}")
+            continue
+        delay = restart_delay
+        say(f"the webhook is serving again (pid {webhook.proc.pid if webhook.proc else '?'})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`make run`: `python -m devtools.local [--dir DIR] [--restart-delay SECONDS]`."""
+    parser = argparse.ArgumentParser(
+        prog="python -m devtools.local",
+        description="Start a local etcd + kube-apiserver, the webhook and the example nodes; restart the webhook "
+                    "when it exits; stop everything on SIGINT, SIGTERM or SIGHUP.")
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="where the run directory is made (and removed at the end) [~/.cache/hami-mt-webhook/run]")
+    parser.add_argument("--restart-delay", type=float, default=RESTART_DELAY,
+                        help=f"seconds between the webhook's exit and its restart [{RESTART_DELAY:g}]")
+    args = parser.parse_args(argv)
+    return try_it(args.dir, args.restart_delay)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

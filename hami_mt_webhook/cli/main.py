@@ -1,0 +1,227 @@
+"""hami-mt-webhook: serve | review | certs."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from .. import __version__
+from ..rules.config import Config
+from . import settings
+from .settings import env as _env
+
+DEFAULT_CERTS = "certs"
+
+
+def _config_flags(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("admission rules (flag, else environment variable, else default)")
+    group.add_argument("--scheduler-name", dest="scheduler_name",
+                       help="scheduler written into HAMi pods [HAMI_MT_SCHEDULER_NAME; hami-scheduler]")
+    group.add_argument("--vgpu-resource", dest="vgpu",
+                       help="sliced-card count resource [HAMI_MT_VGPU_RESOURCE; mthreads.com/vgpu]")
+    group.add_argument("--memory-resource", dest="memory",
+                       help="slice memory resource, 512 MiB units [HAMI_MT_MEMORY_RESOURCE; mthreads.com/sgpu-memory]")
+    group.add_argument("--core-resource", dest="core",
+                       help="slice compute resource, 1/16 card [HAMI_MT_CORE_RESOURCE; mthreads.com/sgpu-core]")
+    group.add_argument("--whole-card-resources", dest="whole_card",
+                       help="comma-separated whole-card resources that must not mix with slices "
+                            "[HAMI_MT_WHOLE_CARD_RESOURCES; mthreads.com/gpu]")
+    group.add_argument("--memory-per-card", dest="memory_per_card",
+                       help="comma-separated per-card capacities in 512 MiB units, used only when no node reports "
+                            "(96 = S4000 48 GiB, 160 = S5000 80 GiB) [HAMI_MT_MEMORY_PER_CARD; 96]")
+    group.add_argument("--retired-schedulers", dest="retired_schedulers",
+                       help="comma-separated schedulers that no longer run (the vendor's, once disabled): slice "
+                            "pods naming one get the scheduler name instead, with a warning "
+                            "[HAMI_MT_RETIRED_SCHEDULERS; none]")
+    group.add_argument("--sliced-node-taint", dest="sliced_node_taint",
+                       help="opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
+                            "writes it (key[=value]:effect); slice pods get a toleration for it "
+                            "[HAMI_MT_SLICED_NODE_TAINT; none]")
+
+
+def _load_config(args: argparse.Namespace) -> Config:
+    return settings.from_values({name: getattr(args, name, None) for name in settings.ENV.values()})
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hami-mt-webhook", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the admission webhook (needs a cluster: kubeconfig or in-cluster)",
+                           description="Serve the mutating (/mutate-pods) and validating (/validate-pods) pod "
+                                       "webhooks and the workload template check (/validate-workloads) over HTTPS, "
+                                       "with a Node watch for per-card capacities.")
+    serve.add_argument("--listen", default=_env("HAMI_MT_LISTEN", "0.0.0.0"),
+                       help="address for the webhook listener [HAMI_MT_LISTEN; 0.0.0.0]")
+    serve.add_argument("--port", type=int, default=_env("HAMI_MT_PORT", "8443"),
+                       help="HTTPS port for admission reviews [HAMI_MT_PORT; 8443]")
+    serve.add_argument("--cert-file", default=_env("HAMI_MT_CERT_FILE", f"{DEFAULT_CERTS}/tls.crt"),
+                       help="serving certificate, reloaded when it changes [HAMI_MT_CERT_FILE; certs/tls.crt]")
+    serve.add_argument("--key-file", default=_env("HAMI_MT_KEY_FILE", f"{DEFAULT_CERTS}/tls.key"),
+                       help="serving key [HAMI_MT_KEY_FILE; certs/tls.key]")
+    serve.add_argument("--client-ca", default=os.environ.get("HAMI_MT_CLIENT_CA"),
+                       help="if set, require a client certificate signed by this CA (the API server's) "
+                            "[HAMI_MT_CLIENT_CA]")
+    serve.add_argument("--reload-interval", type=float, default=_env("HAMI_MT_RELOAD_INTERVAL", "10"),
+                       help="seconds between checks of the certificate files [HAMI_MT_RELOAD_INTERVAL; 10]")
+    limits = serve.add_argument_group("listener limits (docs/operating.md)")
+    limits.add_argument("--max-connections", type=int, default=_env("HAMI_MT_MAX_CONNECTIONS", "1024"),
+                        help="open connections on the webhook port, TLS handshakes included; at the limit idle ones "
+                             "make room for a new one [HAMI_MT_MAX_CONNECTIONS; 1024]")
+    limits.add_argument("--handshake-timeout", type=float, default=_env("HAMI_MT_HANDSHAKE_TIMEOUT", "5"),
+                        help="seconds from accept to the TLS handshake done [HAMI_MT_HANDSHAKE_TIMEOUT; 5]")
+    limits.add_argument("--idle-timeout", type=float, default=_env("HAMI_MT_IDLE_TIMEOUT", "10"),
+                        help="seconds a connection may wait for its next request [HAMI_MT_IDLE_TIMEOUT; 10]")
+    limits.add_argument("--request-timeout", type=float, default=_env("HAMI_MT_REQUEST_TIMEOUT", "10"),
+                        help="seconds from a request's first byte to all of it, and again for the answer "
+                             "[HAMI_MT_REQUEST_TIMEOUT; 10]")
+    limits.add_argument("--write-timeout", type=float, default=_env("HAMI_MT_WRITE_TIMEOUT", "10"),
+                        help="seconds to write an answer out to a client that does not read it "
+                             "[HAMI_MT_WRITE_TIMEOUT; 10]")
+    serve.add_argument("--health-port", type=int, default=_env("HAMI_MT_HEALTH_PORT", "8080"),
+                       help="HTTP port for /readyz and /livez [HAMI_MT_HEALTH_PORT; 8080]")
+    serve.add_argument("--metrics-port", type=int, default=_env("HAMI_MT_METRICS_PORT", "9090"),
+                       help="HTTP port for Prometheus /metrics [HAMI_MT_METRICS_PORT; 9090]")
+    serve.add_argument("--health-listen", default=_env("HAMI_MT_HEALTH_LISTEN", "0.0.0.0"),
+                       help="address for the probe and metrics listeners [HAMI_MT_HEALTH_LISTEN; 0.0.0.0]")
+    serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                       help="kubeconfig for the Node watch [KUBECONFIG; in-cluster service account]")
+    serve.add_argument("--node-watch", default=_env("HAMI_MT_NODE_WATCH", "auto"), choices=["auto", "stream", "list"],
+                       help="how the Node view is filled: a streaming list (WatchList, Kubernetes 1.27+), paged "
+                            "lists, or auto by server version [HAMI_MT_NODE_WATCH; auto]")
+    serve.add_argument("--node-selector", default=os.environ.get("HAMI_MT_NODE_SELECTOR") or None,
+                       help="label selector for the Node watch, e.g. mthreads.com/gpu-node: only if every sliced "
+                            "node carries it [HAMI_MT_NODE_SELECTOR; all nodes]")
+    serve.add_argument("--log-level", default=_env("HAMI_MT_LOG_LEVEL", "info"),
+                       choices=["debug", "info", "warning", "error"],
+                       help="info logs one line per denial and per mutation [HAMI_MT_LOG_LEVEL; info]")
+    serve.add_argument("--log-format", default=_env("HAMI_MT_LOG_FORMAT", "json"), choices=["json", "plain"],
+                       help="[HAMI_MT_LOG_FORMAT; json]")
+    _config_flags(serve)
+
+    rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
+                        description="Run the mutating and then the validating rules on pods from files, and on the "
+                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
+                                    "ReplicationControllers, Jobs and CronJobs. Objects of other kinds are listed "
+                                    "as skipped. Exit 0: all judged objects allowed; 1: any denied; 2: bad input "
+                                    "(or, with --strict, a skipped kind).")
+    rv.add_argument("-f", "--filename", action="append", required=True, dest="files",
+                    help="YAML or JSON file (several documents allowed; - for stdin); repeatable")
+    rv.add_argument("--nodes", action="append", default=[],
+                    help="Node objects, e.g. `kubectl get nodes -o yaml` output; repeatable")
+    rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                    help="json: one JSON object per document, one per line")
+    rv.add_argument("-v", "--verbose", action="store_true",
+                    help="say, per object, which per-card capacities it was judged against and why: the sliced "
+                         "nodes its nodeSelector and required affinity allow, or the --memory-per-card fallback")
+    rv.add_argument("--strict", action="store_true",
+                    help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error (exit 2) "
+                         "instead of being skipped")
+    _config_flags(rv)
+
+    ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
+                        description="Write ca.crt/ca.key, ca-bundle.crt and tls.crt/tls.key into --dir (kept if "
+                                    "present), and the webhook configurations with the CA bundle filled in.")
+    ct.add_argument("--dir", default=DEFAULT_CERTS, help="certificate directory [certs]")
+    ct.add_argument("--service", default="hami-mt-webhook", help="Service name for the DNS SANs")
+    ct.add_argument("--namespace", default="hami-mt-webhook", help="Service namespace for the DNS SANs")
+    ct.add_argument("--san", action="append", default=None, metavar="NAME_OR_IP",
+                    help="an extra DNS name or IP address for the serving certificate, beyond the Service's "
+                         "(e.g. 127.0.0.1 for a webhook on loopback); repeatable; with --rotate, the current "
+                         "certificate's extra names are kept unless given")
+    ct.add_argument("--days", type=float, default=365, help="serving certificate lifetime in days [365]")
+    ct.add_argument("--rotate", action="store_true",
+                    help="renew the serving certificate if 2/3 of its lifetime has passed")
+    ct.add_argument("--force", action="store_true", help="with --rotate: renew now")
+    ct.add_argument("--new-ca", action="store_true",
+                    help="with --rotate: start replacing the CA; ca-bundle.crt then holds the new and the old CA "
+                         "(apply it, then --rotate --force, then --rotate --drop-old-ca)")
+    ct.add_argument("--drop-old-ca", action="store_true",
+                    help="with --rotate: ca-bundle.crt holds the current CA only (the last step of a CA change)")
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "review":
+            from .review import run_review
+            return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict,
+                              verbose=args.verbose)
+        if args.command == "certs":
+            return _certs(args)
+    except ValueError as err:  # bad settings: one clear line
+        print(f"hami-mt-webhook: {err}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command}")
+    return 2
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from ..service import logs, server
+    from ..service.listener import Limits
+
+    logs.setup(args.log_level, args.log_format)
+    config = _load_config(args)
+    limits = Limits(max_connections=args.max_connections, handshake_timeout=args.handshake_timeout,
+                    idle_timeout=args.idle_timeout, request_timeout=args.request_timeout,
+                    write_timeout=args.write_timeout)
+    for path in (args.cert_file, args.key_file):
+        if not Path(path).is_file():
+            raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")
+    if args.kubeconfig:
+        os.environ["KUBECONFIG"] = args.kubeconfig
+    state = server.State(config)
+    webhook = server.AdmissionServer(state, addr=args.listen, port=args.port, certfile=args.cert_file,
+                                     pkeyfile=args.key_file, client_ca=args.client_ca,
+                                     reload_interval=args.reload_interval, limits=limits)
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    runner(server.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
+                      metrics_port=args.metrics_port, node_watch=args.node_watch,
+                      node_selector=args.node_selector))
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    from ..service import certs
+
+    root = Path(args.dir)
+    dns, ips = certs.split_sans(args.san or ())
+    if args.rotate:
+        done = certs.rotate(root, service=args.service, namespace=args.namespace, days=args.days,
+                            force=args.force, new_authority=args.new_ca, drop_old=args.drop_old_ca,
+                            extra_dns=dns if args.san is not None else None,
+                            ips=ips if args.san is not None else None)
+        for line in done or ["nothing due: the serving certificate is within 2/3 of its lifetime"]:
+            print(line)
+    layout = certs.ensure(root, args.service, args.namespace, extra_dns=dns, ips=ips, days=args.days)
+    from ..admission import configurations
+
+    try:
+        webhooks = configurations.webhook_configurations()
+    except configurations.MissingData as err:
+        raise ValueError(str(err)) from None
+    out = root / "webhook-configurations.yaml"
+    filled = configurations.with_ca_bundle(webhooks, layout.bundle.read_bytes())
+    certs.write_atomic(out, configurations.dump(filled).encode())
+    print(f"webhook configurations with the CA bundle: {out}")
+    print(f"CA: {layout.ca_cert}\nserving certificate: {layout.tls_cert} (key {layout.tls_key})\n"
+          f"valid until {certs.expiry(layout.tls_cert):%Y-%m-%d %H:%M} UTC")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""`hami-mt-webhook review`: the webhooks' answers for manifests, without a cluster (SPEC.md §7).
+
+Pods get both pod webhooks; workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet, ReplicationController,
+Job, CronJob) get validate-workloads, which judges their pod template and never patches them. Objects of
+other kinds are skipped and listed as skipped, so whole `kubectl kustomize` or `helm template` output can be
+piped in; `--strict` makes them an error.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import orjson
+import yaml
+
+from ..admission import review
+from ..rules import workloads
+from ..rules.capacity import ClusterView
+from ..rules.config import Config
+from ..rules.decision import Decision
+from ..rules.text import clip
+
+
+class InputError(ValueError):
+    """Input that is not a Pod, a workload, a list of them or an AdmissionReview; exit code 2."""
+
+
+@dataclass
+class Item:
+    source: str
+    doc: dict[str, Any]
+    skipped: bool = False  # a kind review does not judge
+
+
+def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tuple[str, Any]]:
+    """Every YAML/JSON document of every file, labelled 'file#n'."""
+    out = []
+    for name in files:
+        try:
+            text = (stdin or sys.stdin).read() if name == "-" else open(name, encoding="utf-8").read()
+        except OSError as err:
+            raise InputError(f"{name}: cannot read: {err.strerror or err}") from None
+        except UnicodeDecodeError:
+            raise InputError(f"{name}: not text (expected YAML or JSON)") from None
+        try:
+            docs = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}" if mark is not None else ""
+            raise InputError(f"{name}: not YAML or JSON{where}: {getattr(err, 'problem', None) or err}") from None
+        label = "stdin" if name == "-" else name
+        out += [(f"{label}#{i + 1}", d) for i, d in enumerate(docs) if d is not None]
+    return out
+
+
+WORKLOADS = ", ".join(workloads.TEMPLATES)
+LISTS = ("List", "PodList", *(f"{kind}List" for kind in workloads.TEMPLATES))
+
+
+def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
+    """Flatten lists; mark kinds review does not judge as skipped; refuse what is not a Kubernetes object."""
+    out: list[Item] = []
+    for source, doc in documents:
+        if not isinstance(doc, dict):
+            raise InputError(f"{source}: not a Kubernetes object "
+                             f"(expected a Pod, a workload ({WORKLOADS}), a List of them or an AdmissionReview)")
+        kind = doc.get("kind")
+        listed = isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list)
+        if kind in LISTS or listed or (kind is None and isinstance(doc.get("items"), list)):
+            entries = doc.get("items")
+            if not isinstance(entries, list):
+                raise InputError(f"{source}: a {kind} needs an items list")
+            out += items((f"{source}[{i}]", d) for i, d in enumerate(entries))
+        elif not isinstance(kind, str) or not kind:
+            raise InputError(f"{source}: the object has no kind; write the kind line (kind: Pod, kind: Deployment, "
+                             "...) as kubectl needs it too")
+        elif kind in ("Pod", "AdmissionReview"):
+            out.append(Item(source, doc))
+        elif kind in workloads.TEMPLATES:
+            if workloads.template(doc, kind) is None:
+                raise InputError(f"{source}: {workloads.label(doc, kind)} has no pod template at "
+                                 f"{workloads.template_path(kind)}")
+            out.append(Item(source, doc))
+        else:
+            out.append(Item(source, doc, skipped=True))
+    return out
+
+
+def _name(doc: dict[str, Any]) -> tuple[Any, Any]:
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    return meta.get("name") or meta.get("generateName"), meta.get("namespace")
+
+
+def skipped_line(item: Item) -> dict[str, Any]:
+    """What `-o json` prints for an object of a kind review does not judge."""
+    name, namespace = _name(item.doc)
+    return {"name": name, "namespace": namespace, "kind": item.doc["kind"], "skipped": True}
+
+
+def view_from(node_files: Iterable[str], config: Config) -> ClusterView:
+    nodes = []
+    for source, doc in read_documents(node_files):
+        entries = doc.get("items") if isinstance(doc, dict) and isinstance(doc.get("items"), list) else [doc]
+        for node in entries:
+            if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
+                raise InputError(f"{source}: expected Node objects (kubectl get nodes -o yaml)")
+            nodes.append(node)
+    return ClusterView.from_nodes(nodes, config)
+
+
+def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any], bool]:
+    """The JSON object printed for one document, and whether it was allowed."""
+    if item.doc.get("kind") == "AdmissionReview":
+        try:
+            out, decision = review.admit_review(item.doc, view, config)
+        except review.BadReview as err:
+            raise InputError(f"{item.source}: {err}") from None
+        return out, decision.allowed
+    kind = item.doc.get("kind")
+    if kind in workloads.TEMPLATES:  # what validate-workloads answers when the workload is created
+        decision = workloads.check(item.doc, kind, view, config)
+    else:
+        decision = review.admit(item.doc, view, config)
+    return summary(item.doc, decision), decision.allowed
+
+
+def summary(pod: dict[str, Any], decision: Decision) -> dict[str, Any]:
+    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    return {
+        "name": meta.get("name") or meta.get("generateName"),
+        "namespace": meta.get("namespace") or "default",
+        "allowed": decision.allowed,
+        "code": decision.code,
+        "message": decision.message,
+        "warnings": decision.warnings,
+        "patch": decision.patch,
+        "object": decision.object if decision.allowed else pod,
+    }
+
+
+JUDGED = f"Pods, workloads ({WORKLOADS}), Lists of them and AdmissionReviews"
+
+
+def pod_spec(item: Item) -> dict[str, Any] | None:
+    """The pod spec an item is judged by: the Pod's, the workload's template's, or the review's object's."""
+    doc = item.doc
+    kind = doc.get("kind")
+    if kind == "AdmissionReview":
+        request = doc.get("request")
+        doc = request.get("object") if isinstance(request, dict) else None
+        kind = doc.get("kind") if isinstance(doc, dict) else None
+    if kind in workloads.TEMPLATES:
+        doc = workloads.template(doc, kind)
+    spec = doc.get("spec") if isinstance(doc, dict) else None
+    return spec if isinstance(spec, dict) else None
+
+
+def capacities_note(item: Item, view: ClusterView, config: Config) -> str | None:
+    """`-v`: which per-card capacities the item was judged against, and why (SPEC.md §2)."""
+    spec = pod_spec(item)
+    return view.explain(spec, config) if spec is not None else None
+
+
+def run_review(files: list[str], node_files: list[str], config: Config, output: str = "text",
+               out: TextIO | None = None, err: TextIO | None = None, strict: bool = False,
+               verbose: bool = False) -> int:
+    """Exit 0 when every judged object is allowed, 1 when one is denied, 2 on bad input (SPEC.md §7).
+
+    `verbose` adds, per judged object, the capacities used and why: a line of text output, or a line on
+    stderr beside `-o json` (whose lines keep the fields SPEC.md §7 lists).
+    """
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        view = view_from(node_files, config)
+        todo = items(read_documents(files))
+        if not todo:
+            raise InputError("no documents in the input")
+        skipped = [item for item in todo if item.skipped]
+        if strict and skipped:
+            first = skipped[0]
+            named = " ".join(clip(str(part)) for part in (first.doc["kind"], _name(first.doc)[0]) if part)
+            raise InputError(f"{first.source}: {named} is not judged "
+                             f"(--strict; {len(skipped)} such object{'s' if len(skipped) > 1 else ''}): review "
+                             f"judges {JUDGED}")
+        results = [(skipped_line(item), True) if item.skipped else line(item, view, config) for item in todo]
+    except InputError as e:
+        print(f"hami-mt-webhook review: {e}", file=err)
+        return 2
+    for (obj, _), item in zip(results, todo, strict=True):
+        note = capacities_note(item, view, config) if verbose and not item.skipped else None
+        if output == "json":
+            out.write(orjson.dumps(obj).decode() + "\n")
+            if note:
+                print(f"hami-mt-webhook review: {item.source}: {note}", file=err)
+        else:
+            out.write(_text(item, obj, note))
+    if any(item.doc["kind"] == "Node" for item in skipped):
+        print("hami-mt-webhook review: Node objects are not judged; give them with --nodes to use their "
+              "capacities", file=err)
+    return 0 if all(ok for _, ok in results) else 1
+
+
+def _text(item: Item, obj: dict[str, Any], note: str | None = None) -> str:
+    if obj.get("skipped"):
+        where = f"{obj['namespace']}/{obj['name']}" if obj["namespace"] else str(obj["name"])
+        return f"{clip(str(obj['kind'])).lower()} {where}: skipped\n"
+    if "response" in obj:  # an AdmissionReview
+        r = obj["response"]
+        verdict = "allowed" if r["allowed"] else f"DENIED: {r['status']['message']}"
+        lines = [f"{item.source} (AdmissionReview {r['uid']}): {verdict}"]
+        lines += [f"  {note}"] if note else []
+        lines += [f"  warning: {w}" for w in r.get("warnings", [])]
+        if r.get("patch"):
+            lines.append("  patched (base64 JSON Patch in the response)")
+        return "\n".join(lines) + "\n"
+    verdict = "allowed" if obj["allowed"] else f"DENIED ({obj['code']}): {obj['message']}"
+    kind = str(item.doc.get("kind") or "Pod").lower()
+    lines = [f"{kind} {obj['namespace']}/{obj['name']}: {verdict}"]
+    lines += [f"  {note}"] if note else []
+    lines += [f"  warning: {w}" for w in obj["warnings"]]
+    lines += [f"  patch: {op['op']} {op['path']} = {orjson.dumps(op['value']).decode()}" for op in obj["patch"]]
+    return "\n".join(lines) + "\n"

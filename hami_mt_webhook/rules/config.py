@@ -1,0 +1,61 @@
+"""What an operator can change: resource names, the scheduler name and the fallback capacities."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+#: Annotations hami-scheduler writes when it binds a pod; a pod must not arrive carrying them.
+BIND_ANNOTATIONS = (
+    "hami.io/mthreads-vgpu-devices-to-allocate",
+    "hami.io/mthreads-vgpu-devices-allocated",
+    "mthreads.com/gpu-index",
+    "mthreads.com/predicate-node",
+    "mthreads.com/predicate-time",
+)
+
+#: sgpu-core units in one card.
+CORES_PER_CARD = 16
+
+#: Per-card sgpu-memory of the cards the vendor slices: MTT S4000 (48 GiB) and MTT S5000 (80 GiB).
+CARD_SIZES = frozenset({96, 160})
+
+
+@dataclass(frozen=True)
+class Config:
+    """The webhook's settings; the defaults are HAMi's and the vendor's names."""
+
+    scheduler_name: str = "hami-scheduler"
+    vgpu: str = "mthreads.com/vgpu"
+    memory: str = "mthreads.com/sgpu-memory"
+    core: str = "mthreads.com/sgpu-core"
+    whole_card: tuple[str, ...] = ("mthreads.com/gpu",)
+    memory_per_card: tuple[int, ...] = (96,)
+    gpu_num_annotation: str = "mthreads.com/request-gpu-num"
+    bind_annotations: tuple[str, ...] = field(default=BIND_ANNOTATIONS)
+    #: Schedulers switched off (the vendor's, after migration): slice pods naming one go to scheduler_name.
+    retired_schedulers: tuple[str, ...] = ()
+    #: Opt-in: the taint on sliced nodes, as (key, value, effect); slice pods get a toleration for it.
+    sliced_node_taint: tuple[str, str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.memory_per_card or any(c < 2 for c in self.memory_per_card):
+            raise ValueError("memoryPerCard must list capacities of at least 2 units, "
+                             f"got {list(self.memory_per_card)}")
+        names = (self.vgpu, self.memory, self.core, *self.whole_card)
+        if len(set(names)) != len(names):
+            raise ValueError(f"resource names must be distinct, got {list(names)}")
+        # Rewriting to the same name would warn on every admission of the webhook's own output (§4.7).
+        for name in self.retired_schedulers:
+            if name in (self.scheduler_name, "default-scheduler"):
+                raise ValueError(f"retired schedulers must not include {name!r}: it is not retired "
+                                 f"({self.scheduler_name} is written into slice pods, default-scheduler is "
+                                 "always rewritten)")
+
+    def known_size(self, per_card: int) -> bool:
+        """A card size the vendor ships or the operator configured; any other is overcommitted or odd (§2)."""
+        return per_card in CARD_SIZES or per_card in self.memory_per_card
+
+    @property
+    def slices(self) -> tuple[str, str, str]:
+        """The slice resources, in the order messages list them."""
+        return (self.vgpu, self.memory, self.core)

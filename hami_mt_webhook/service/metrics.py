@@ -1,0 +1,87 @@
+"""Prometheus metrics, in a registry of the process's own (served on a separate port)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..rules.decision import Decision
+
+OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+
+
+class Metrics:
+    """Everything the webhook counts; one instance per process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[Any, ...], Any] = {}
+        r = self.registry
+        self.reviews = Counter("hami_mt_webhook_reviews", "Admission reviews answered.",
+                               ["webhook", "operation", "dry_run", "result"], registry=r)
+        self.duration = Histogram("hami_mt_webhook_review_duration_seconds",
+                                  "Time to answer one review, from the body read to the response built.",
+                                  ["webhook"], registry=r,
+                                  buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0))
+        self.mutations = Counter("hami_mt_webhook_mutations", "Changes made to pods, by kind.", ["kind"], registry=r)
+        self.denials = Counter("hami_mt_webhook_denials", "Pods denied, by reason.", ["webhook", "reason"], registry=r)
+        self.bad_requests = Counter("hami_mt_webhook_bad_requests", "Bodies that were not answerable reviews.",
+                                    ["webhook"], registry=r)
+        self.nodes = Gauge("hami_mt_webhook_sliced_nodes", "Sliced nodes in the node view.", registry=r)
+        self.last_node_event = Gauge("hami_mt_webhook_last_node_event_timestamp_seconds",
+                                     "Unix time of the last node event applied to the index.", registry=r)
+        self.ready = Gauge("hami_mt_webhook_ready", "1 once the complete node set has been read.", registry=r)
+        self.cert_expiry = Gauge("hami_mt_webhook_certificate_expiry_timestamp_seconds",
+                                 "Unix time at which the serving certificate expires.", registry=r)
+        self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads",
+                                    "Serving certificates loaded after a change.", ["result"], registry=r)
+        self.watch_up = Gauge("hami_mt_webhook_node_watch_up", "1 while the Node watch is connected.", registry=r)
+        self.view_age = Gauge("hami_mt_webhook_node_view_age_seconds",
+                              "Seconds the node view may be behind the API server: 0 while the watch is up and "
+                              "synced, else the time since it last was.", registry=r)
+        self.node_work = Histogram("hami_mt_webhook_node_work_seconds",
+                                   "Time the event loop spent on one batch of node events without yielding: the "
+                                   "longest a review can wait behind the node view.", registry=r,
+                                   buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
+        self.relists = Counter("hami_mt_webhook_node_relists",
+                               "Complete node sets built from the API server (the first sync included).",
+                               registry=r)
+        self.connections = Gauge("hami_mt_webhook_connections",
+                                 "Open connections on the webhook port, TLS handshakes included.", registry=r)
+        self.connections_closed = Counter("hami_mt_webhook_connections_closed",
+                                          "Connections the listener closed: refused, shed to make room for a new "
+                                          "one, or past a deadline; by reason and phase.", ["reason"], registry=r)
+        self.nonstandard = Gauge("hami_mt_webhook_nonstandard_capacity_nodes",
+                                 "Sliced nodes whose per-card sgpu-memory is not a known card size (96, 160 or a "
+                                 "memoryPerCard value): overcommitted memory, usually.", registry=r)
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def review(self, webhook: str, request: dict | None, decision: Decision | None, seconds: float) -> None:
+        if decision is None:
+            self._child(self.bad_requests, webhook).inc()
+            return
+        operation = request.get("operation") if request else None
+        if operation not in OPERATIONS:  # label values from a request must not grow the series without bound
+            operation = "other"
+        dry = "true" if request and request.get("dryRun") is True else "false"
+        result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
+        self._child(self.reviews, webhook, operation, dry, result).inc()
+        self._child(self.duration, webhook).observe(seconds)
+        for kind in decision.mutations:
+            self._child(self.mutations, kind).inc()
+        if not decision.allowed:
+            self._child(self.denials, webhook, decision.reason or "other").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def connection_closed(self, reason: str) -> None:
+        self._child(self.connections_closed, reason).inc()

@@ -1,0 +1,326 @@
+"""The listener's limits and its graceful drain, against the real TLS server, on both event loops
+(the tests' asyncio and the uvloop `serve` runs on)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+
+import pytest
+import uvloop
+
+from devtools import hostile
+from hami_mt_webhook.service.listener import Limits
+from tests.builders import container, make_pod, review_body
+
+# pytest-asyncio's replacement (a loop-factories hook) applies per conftest, i.e. to every test here.
+pytestmark = pytest.mark.filterwarnings("ignore:Overriding the \"event_loop_policy\" fixture")
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def event_loop_policy(request):
+    return uvloop.EventLoopPolicy() if request.param == "uvloop" else asyncio.DefaultEventLoopPolicy()
+
+
+def client_context(ca_path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(ca_path))
+
+
+async def connect(running) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    return await asyncio.open_connection("127.0.0.1", running.port, ssl=client_context(running.ca_path))
+
+
+def request_bytes(body: bytes, extra: str = "") -> bytes:
+    return (f"POST /mutate-pods HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n{extra}\r\n").encode() + body
+
+
+def good_body() -> bytes:
+    return json.dumps(review_body(make_pod(container(limits={"mthreads.com/vgpu": 1})))).encode()
+
+
+async def roundtrip(running) -> bytes:
+    reader, writer = await connect(running)
+    writer.write(request_bytes(good_body(), "Connection: close\r\n"))
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return data
+
+
+async def test_a_client_sending_headers_a_byte_at_a_time_is_cut_off(serve_webhook):
+    async with serve_webhook(limits=Limits(request_timeout=0.5)) as running:
+        reader, writer = await connect(running)
+        head = request_bytes(good_body())
+        closed_after = None
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        for byte in head[:40]:
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+            except (ConnectionError, ssl.SSLError):
+                closed_after = loop.time() - started
+                break
+            if reader.at_eof() or await _closed(reader):
+                closed_after = loop.time() - started
+                break
+        assert closed_after is not None and closed_after < 2.0
+        assert running.server.listener.cut_off == 1
+        assert b"200 OK" in await roundtrip(running)  # and it keeps serving
+
+
+async def _closed(reader: asyncio.StreamReader) -> bool:
+    try:
+        data = await asyncio.wait_for(reader.read(1), 0.1)
+    except TimeoutError:
+        return False
+    except (ConnectionError, ssl.SSLError):
+        return True
+    return data == b""
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_cut_off(serve_webhook):
+    async with serve_webhook(limits=Limits(request_timeout=0.3)) as running:
+        reader, writer = await connect(running)
+        body = good_body()
+        writer.write(request_bytes(body)[: -len(body) + 10])  # headers and 10 bytes of the body
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 3) == b""
+        assert running.server.listener.cut_off == 1
+        writer.close()
+        assert b"200 OK" in await roundtrip(running)
+
+
+async def test_a_kept_alive_connection_is_not_cut_off_between_requests(serve_webhook):
+    async with serve_webhook(limits=Limits(request_timeout=0.3)) as running:
+        reader, writer = await connect(running)
+        for _ in range(3):
+            writer.write(request_bytes(good_body()))
+            status, headers = await read_head(reader)
+            assert status.startswith(b"HTTP/1.1 200")
+            await reader.readexactly(int(headers[b"content-length"]))
+            await asyncio.sleep(0.5)  # idle longer than request_timeout: keep-alive, not a slow request
+        assert running.server.listener.cut_off == 0
+        writer.close()
+
+
+async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, bytes]]:
+    status = await asyncio.wait_for(reader.readline(), 3)
+    headers = {}
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers
+
+
+async def raw_connect(running) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A TCP connection that never starts TLS."""
+    return await asyncio.open_connection("127.0.0.1", running.port)
+
+
+async def eventually(check, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not check():
+        assert loop.time() < deadline, "the condition did not hold in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_unfinished_handshakes_count_and_a_new_caller_is_still_served(serve_webhook):
+    async with serve_webhook(limits=Limits(max_connections=4)) as running:
+        listener = running.server.listener
+        silent = [await raw_connect(running) for _ in range(2)]
+        half = [await raw_connect(running) for _ in range(2)]
+        for _, w in half:
+            w.write(hostile.client_hello()[:40])  # half a ClientHello: the handshake starts, never ends
+        await eventually(lambda: listener.phases()["handshake"] == 2 and listener.phases()["silent"] == 2)
+        assert listener.connections == 4
+        assert b"200 OK" in await roundtrip(running)  # room is made: the oldest silent connection goes
+        assert listener.closed["shed-silent"] == 1 and listener.closed["shed-handshake"] == 0
+        assert await asyncio.wait_for(silent[0][0].read(), 3) == b""
+        silent[1][1].close()
+        more = await raw_connect(running)  # at the cap again, with handshakes only
+        more[1].write(hostile.client_hello()[:40])
+        await eventually(lambda: listener.phases()["handshake"] == 3 and listener.connections == 3)
+        last = await raw_connect(running)
+        last[1].write(hostile.client_hello()[:40])
+        await eventually(lambda: listener.connections == 4)
+        assert b"200 OK" in await roundtrip(running)
+        assert listener.closed["shed-handshake"] == 1
+        assert await asyncio.wait_for(half[0][0].read(), 3) == b""  # the oldest handshake went
+        assert listener.refused == 0
+        for _, w in [*half, more, last]:
+            w.close()
+
+
+async def test_at_the_cap_kept_alive_connections_make_room_last(serve_webhook):
+    async with serve_webhook(limits=Limits(max_connections=2)) as running:
+        listener = running.server.listener
+        kept, kept_w = await connect(running)
+        kept_w.write(request_bytes(good_body()))
+        status, headers = await read_head(kept)  # answered, then kept alive: idle
+        await kept.readexactly(int(headers[b"content-length"]))
+        unused, _ = await connect(running)  # TLS done, no request sent
+        await eventually(lambda: listener.phases() == {**listener.phases(), "idle": 1, "new": 1})
+        assert b"200 OK" in await roundtrip(running)
+        assert listener.closed["shed-new"] == 1
+        assert await asyncio.wait_for(unused.read(), 3) == b""  # the connection that never asked went
+        kept_w.write(request_bytes(good_body(), "Connection: close\r\n"))  # the kept-alive one still works
+        assert (await asyncio.wait_for(kept.read(), 3)).startswith(b"HTTP/1.1 200 OK")
+        _, kept_w2 = await connect(running)
+        idle, idle_w = await connect(running)
+        idle_w.write(request_bytes(good_body()))
+        await read_head(idle)
+        assert b"200 OK" in await roundtrip(running)
+        assert listener.closed["shed-new"] == 2  # the connection that never asked, again
+        other, other_w = await connect(running)
+        other_w.write(request_bytes(good_body()))
+        await read_head(other)
+        await eventually(lambda: listener.phases()["idle"] == 2)
+        assert b"200 OK" in await roundtrip(running)  # no other choice: a kept-alive one goes, the oldest
+        assert listener.closed["shed-idle"] == 1
+        assert b"HTTP/1.1" not in await asyncio.wait_for(idle.read(), 3)
+        kept_w2.close()
+        other_w.close()
+
+
+async def test_idle_connections_are_closed_at_the_idle_deadline(serve_webhook):
+    async with serve_webhook(limits=Limits(idle_timeout=0.4)) as running:
+        loop = asyncio.get_running_loop()
+        quiet, _ = await connect(running)  # never sends a request
+        kept, kept_w = await connect(running)
+        kept_w.write(request_bytes(good_body()))
+        await read_head(kept)
+        started = loop.time()
+        assert await asyncio.wait_for(quiet.read(), 5) == b""
+        with pytest.raises((ConnectionError, asyncio.IncompleteReadError, ssl.SSLError)):
+            while True:  # the rest of the answer, then the close
+                if not await asyncio.wait_for(kept.read(65536), 5):
+                    raise ConnectionResetError
+        assert loop.time() - started < 3
+        await eventually(lambda: running.server.listener.connections == 0)
+        assert running.server.listener.closed["deadline-new"] == 1
+        assert running.server.listener.closed["deadline-idle"] == 1
+
+
+async def test_a_handshake_that_never_finishes_is_cut_at_its_deadline(serve_webhook):
+    async with serve_webhook(limits=Limits(handshake_timeout=0.3)) as running:
+        reader, writer = await raw_connect(running)
+        writer.write(hostile.client_hello()[:40])
+        _, silent = await raw_connect(running)
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        await eventually(lambda: running.server.listener.connections == 0)
+        assert running.server.listener.closed["deadline-handshake"] == 1
+        assert running.server.listener.closed["deadline-silent"] == 1
+        silent.close()
+
+
+async def test_a_client_that_does_not_read_its_answers_is_cut_at_the_write_deadline(serve_webhook):
+    async with serve_webhook(limits=Limits(write_timeout=0.5)) as running:
+        listener = running.server.listener
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # small, so the answers back up
+        sock.connect(("127.0.0.1", running.port))
+        sock.setblocking(False)
+        reader, writer = await asyncio.open_connection(sock=sock, ssl=client_context(running.ca_path),
+                                                       server_hostname="127.0.0.1")
+        writer.transport.pause_reading()  # never reads: pipelined answers fill every buffer
+        one = request_bytes(good_body())
+        for _ in range(400):  # more answers than the kernel's buffers hold
+            writer.write(one * 50)
+            await asyncio.sleep(0)
+        await eventually(lambda: listener.closed["deadline-writing"] == 1, 10)
+        await eventually(lambda: listener.connections == 0)
+        writer.transport.abort()
+        assert b"200 OK" in await roundtrip(running)
+
+
+async def test_bad_requests_get_a_fixed_answer_and_no_version_banner(serve_webhook):
+    async with serve_webhook() as running:
+        reader, writer = await connect(running)
+        writer.write(b"GET /mutate-pods HTTP/1.1\r\nHost: x\r\nX-Bad\x01Header-SECRET-TOKEN: 1\r\n\r\n")
+        answer = await asyncio.wait_for(reader.read(), 3)
+        assert answer.split(b"\r\n")[0].endswith(b" 400 Bad Request")
+        assert b"SECRET-TOKEN" not in answer
+        head = answer.split(b"\r\n\r\n")[0].lower()
+        assert b"server: hami-mt-webhook\r\n" in head + b"\r\n" and b"aiohttp" not in head and b"python" not in head
+
+
+async def test_a_compressed_body_gets_415_and_is_counted(serve_webhook):
+    async with serve_webhook() as running:
+        reader, writer = await connect(running)
+        writer.write(request_bytes(good_body(), "Content-Encoding: gzip\r\n"))
+        answer = await asyncio.wait_for(reader.read(), 3)
+        assert answer.startswith(b"HTTP/1.1 415")
+        assert b"gzip" in answer and b"Traceback" not in answer
+        assert running.state.metrics.bad_requests.labels("mutate-pods")._value.get() == 1
+
+
+async def test_large_bodies_are_answered_through_the_decoding_lane(serve_webhook):
+    async with serve_webhook(limits=Limits(big_body=1024, big_concurrency=1)) as running:
+        answers = await asyncio.gather(*(roundtrip(running) for _ in range(4)), roundtrip_body(running, b"{nope"))
+        for answer in answers[:4]:
+            assert answer.startswith(b"HTTP/1.1 200 OK")
+            assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["response"]["patchType"] == "JSONPatch"
+        assert answers[4].startswith(b"HTTP/1.1 400") and b"not JSON" in answers[4]
+
+
+async def roundtrip_body(running, body: bytes) -> bytes:
+    reader, writer = await connect(running)
+    writer.write(request_bytes(body, "Connection: close\r\n"))
+    data = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return data
+
+
+async def test_no_session_tickets_are_issued(serve_webhook):
+    async with serve_webhook() as running:
+        reader, writer = await connect(running)
+        writer.write(request_bytes(good_body(), "Connection: close\r\n"))
+        await asyncio.wait_for(reader.read(), 3)
+        session = writer.get_extra_info("ssl_object").session
+        assert session is None or not session.has_ticket
+
+
+async def test_stopping_finishes_in_flight_reviews_and_closes_kept_alive_connections(serve_webhook):
+    async with serve_webhook(limits=Limits(drain_seconds=2.0, shutdown_timeout=2.0)) as running:
+        listener = running.server.listener
+        reader, writer = await connect(running)
+        body = good_body()
+        whole = request_bytes(body)
+        writer.write(whole[:-5])  # a review in flight: its last bytes are still on the way
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        stopping = asyncio.create_task(listener.stop())
+        await asyncio.sleep(0.2)
+        assert listener.draining
+        try:  # no new connections while draining
+            r2, w2 = await connect(running)
+            assert await asyncio.wait_for(r2.read(), 3) == b""
+        except (ConnectionError, ssl.SSLError, OSError):
+            pass
+        writer.write(whole[-5:])
+        await writer.drain()
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 200 OK")
+        assert b"Connection: close" in answer  # the client will not reuse a closing connection
+        assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["response"]["allowed"] is True
+        await asyncio.wait_for(stopping, 5)
+
+
+async def test_handshakes_under_way_are_bounded_and_the_oldest_gives_way(serve_webhook):
+    async with serve_webhook(limits=Limits(max_handshakes=2)) as running:
+        listener = running.server.listener
+        half = []
+        for _ in range(3):
+            half.append(await raw_connect(running))
+            half[-1][1].write(hostile.client_hello()[:40])
+            await asyncio.sleep(0.05)
+        await eventually(lambda: listener.closed["shed-handshake"] == 1)
+        assert listener.phases()["handshake"] == 2
+        assert await asyncio.wait_for(half[0][0].read(), 3) == b""  # the oldest
+        assert b"200 OK" in await roundtrip(running)  # a real client's handshake is the newest
+        for _, w in half:
+            w.close()

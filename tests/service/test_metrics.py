@@ -1,0 +1,30 @@
+"""Metrics whose label values come from requests stay bounded."""
+
+from hami_mt_webhook.rules.decision import Decision
+from hami_mt_webhook.service.metrics import Metrics
+
+
+def test_operation_labels_from_requests_are_bounded():
+    m = Metrics()
+    for op in ("CREATE", "x" * 100, "DROP TABLE", None, 7):
+        m.review("mutate-pods", {"operation": op, "dryRun": "yes"}, Decision(), 0.001)
+    text = m.render().decode()
+    assert 'operation="CREATE",result="allowed"' in text
+    assert ('hami_mt_webhook_reviews_total{dry_run="false",operation="other",result="allowed",'
+            'webhook="mutate-pods"} 4.0') in text
+    assert "DROP TABLE" not in text
+
+
+def test_results_mutations_and_denials_are_counted():
+    m = Metrics()
+    m.review("mutate-pods", {"operation": "CREATE", "dryRun": True},
+             Decision(patch=[{"op": "add"}], mutations=["snap", "scheduler"]), 0.0002)
+    m.review("validate-pods", {"operation": "CREATE"}, Decision.deny("no", "mixing"), 0.0001)
+    m.review("mutate-pods", None, None, 0.0)
+    text = m.render().decode()
+    assert ('hami_mt_webhook_reviews_total{dry_run="true",operation="CREATE",result="patched",'
+            'webhook="mutate-pods"} 1.0') in text
+    assert 'hami_mt_webhook_mutations_total{kind="snap"} 1.0' in text
+    assert 'hami_mt_webhook_denials_total{reason="mixing",webhook="validate-pods"} 1.0' in text
+    assert 'hami_mt_webhook_bad_requests_total{webhook="mutate-pods"} 1.0' in text
+    assert 'hami_mt_webhook_review_duration_seconds_count{webhook="mutate-pods"} 1.0' in text
