@@ -681,3 +681,18 @@ def test_network_policy_component_renders_with_the_base(tmp_path: Path) -> None:
     rendered = kustomize(tmp_path / "overlay")
     assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy") == [
         "hami-mt-webhook-admission", "hami-mt-webhook-observability"]
+
+
+def test_package_data_is_the_kustomize_base():
+    """The wheel's copy of the webhook configurations is the base's, byte for byte: what `certs` writes from an
+    installed package is what `kubectl apply -k manifests/` registers."""
+    from hami_mt_webhook.admission import configurations
+
+    root = Path(__file__).resolve().parents[2]
+    for name in configurations.FILES:
+        packaged = root / "hami_mt_webhook" / "admission" / "data" / name
+        assert packaged.read_bytes() == (root / "manifests" / name).read_bytes(), (
+            f"copy manifests/{name} to hami_mt_webhook/admission/data/{name}")
+    shipped = configurations.webhook_configurations()
+    based = [d for d in manifests.load() if d["kind"] in configurations.WEBHOOK_KINDS]
+    assert shipped == based and len(shipped) == 3
