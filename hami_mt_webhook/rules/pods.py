@@ -15,6 +15,7 @@ from .capacity import Candidates, ClusterView
 from .config import CARD_SIZES, CORES_PER_CARD, Config
 from .decision import Decision, Patch
 from .quantities import MAX_QUANTITY, QuantityError, gib, listing, snap_up, valid_set, whole
+from .record import RECORD, record
 from .text import clip, quote, show
 
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -245,6 +246,9 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     most = max((s.cards for s in slots if s.asks), default=1)
     if most > 1:
         patch.set(("metadata", "annotations", config.gpu_num_annotation), str(most))
+    # Last, over the finished pod: the validating webhook is sent the pod only when its final object no longer
+    # matches this record (a later mutator changed it), and a record the pod came with is overwritten.
+    patch.set(("metadata", "annotations", RECORD), record(patch.result, config))
     return Decision(warnings=warnings, patch=patch.ops, object=patch.result, mutations=mutations)
 
 

@@ -12,6 +12,7 @@ from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.capacity import ClusterView, NodeReport
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.pods import admit, ephemeral, mutate, validate
+from hami_mt_webhook.rules.record import RECORD, record
 from tests.builders import container as ctr
 from tests.builders import make_pod, review_body
 
@@ -260,7 +261,8 @@ def test_without_node_reports_the_card_count_is_not_limited():
 
 def test_a_valid_tier_is_kept_untouched():
     d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})))
-    assert [op["path"] for op in d.patch] == ["/spec/schedulerName"]
+    assert [op["path"] for op in d.patch] == ["/spec/schedulerName", "/metadata/annotations"]  # and the record
+    assert set(d.object["metadata"]["annotations"]) == {RECORD}
     assert d.warnings == []
 
 
@@ -463,7 +465,8 @@ def test_sidecars_run_beside_the_app_and_add_up():
 
 def test_largest_vgpu_goes_into_the_annotation_and_replaces_a_stale_one():
     d = admitted(pod(ctr("c", {V: "3"}), annotations={"mthreads.com/request-gpu-num": "1", "keep": "me"}))
-    assert d.object["metadata"]["annotations"] == {"mthreads.com/request-gpu-num": "3", "keep": "me"}
+    assert d.object["metadata"]["annotations"] == {"mthreads.com/request-gpu-num": "3", "keep": "me",
+                                                   RECORD: record(d.object, Config())}
     assert {"op": "replace", "path": "/metadata/annotations/mthreads.com~1request-gpu-num", "value": "3"} in d.patch
 
 
