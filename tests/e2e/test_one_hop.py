@@ -356,3 +356,29 @@ def test_a_policy_adding_a_whole_card_is_denied(controlplane, webhook, ns, polic
                                     nodeSelector=ON_S4000))
     assert r.returncode != 0 and "(whole cards, outside HAMi)" in r.stderr, r.stderr
     assert not exists(controlplane, ns, "map-whole")
+
+
+def test_get_then_apply_and_recreating_from_the_output_keep_the_record(controlplane, webhook, ns):
+    """SPEC 4.7: the webhook's own output admitted again changes nothing, the record included."""
+    r = apply(controlplane, ns, pod("again", {VGPU: 1, MEMORY: 20, CORE: 4}, nodeSelector=ON_S5000))
+    assert r.returncode == 0 and "snapped up" in r.stderr, r.stderr
+    first = stored(controlplane, ns, "again")
+    out = controlplane.kubectl("get", "pod", "-n", ns, "again", "-o", "yaml").stdout
+    r = controlplane.kubectl("apply", "-f", "-", input=out, check=False)
+    assert r.returncode == 0, r.stderr
+    assert stored(controlplane, ns, "again")["metadata"]["annotations"][RECORD] == \
+        first["metadata"]["annotations"][RECORD]
+    manifest = yaml.safe_load(out)
+    manifest.pop("status", None)
+    manifest["metadata"] = {k: v for k, v in manifest["metadata"].items()
+                            if k in ("name", "namespace", "labels", "annotations")}
+    controlplane.kubectl("delete", "pod", "-n", ns, "again", "--wait=false")
+    while exists(controlplane, ns, "again"):
+        threading.Event().wait(0.1)
+    before = validations(webhook)
+    r = controlplane.kubectl("create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+    again = stored(controlplane, ns, "again")
+    assert again["metadata"]["annotations"][RECORD] == first["metadata"]["annotations"][RECORD]
+    assert again["spec"]["containers"] == first["spec"]["containers"]
+    assert validations(webhook) == before
