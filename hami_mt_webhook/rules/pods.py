@@ -248,7 +248,10 @@ def _mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
         patch.set(("metadata", "annotations", config.gpu_num_annotation), str(most))
     # Last, over the finished pod: the validating webhook is sent the pod only when its final object no longer
     # matches this record (a later mutator changed it), and a record the pod came with is overwritten.
+    written = len(patch.ops)
     patch.set(("metadata", "annotations", RECORD), record(patch.result, config))
+    if len(patch.ops) > written and not mutations:  # in admitted form already, but without its record
+        mutations.append("record")
     return Decision(warnings=warnings, patch=patch.ops, object=patch.result, mutations=mutations)
 
 

@@ -263,7 +263,22 @@ def test_a_valid_tier_is_kept_untouched():
     d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})))
     assert [op["path"] for op in d.patch] == ["/spec/schedulerName", "/metadata/annotations"]  # and the record
     assert set(d.object["metadata"]["annotations"]) == {RECORD}
-    assert d.warnings == []
+    assert d.warnings == [] and d.mutations == ["scheduler"]
+
+
+def test_a_pod_in_admitted_form_gets_its_record_and_nothing_else():
+    """A pod written exactly as the webhook leaves it, but without the record (or with a hand-written one)."""
+    done = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}))).object
+    assert admitted(done).patch == []  # SPEC 4.7
+    for value in (None, "v1||00000||:1/1,20/20,-/-"):
+        again = copy.deepcopy(done)
+        if value is None:
+            del again["metadata"]["annotations"][RECORD]
+        else:
+            again["metadata"]["annotations"][RECORD] = value
+        d = admitted(again)
+        assert [op["path"] for op in d.patch] == ["/metadata/annotations/hami-mt.mthreads.com~1admitted"]
+        assert d.object == done and d.mutations == ["record"] and d.warnings == []
 
 
 @pytest.mark.parametrize(("memory", "tier", "text"), [
