@@ -382,3 +382,16 @@ def test_get_then_apply_and_recreating_from_the_output_keep_the_record(controlpl
     assert again["metadata"]["annotations"][RECORD] == first["metadata"]["annotations"][RECORD]
     assert again["spec"]["containers"] == first["spec"]["containers"]
     assert validations(webhook) == before
+
+
+def test_a_pod_with_many_containers_stays_within_the_conditions_cost_budget(controlplane, webhook, ns):
+    """kube-apiserver bounds what a matchCondition may cost at run time; an error there would refuse the pod."""
+    manifest = pod("many", {VGPU: 1, MEMORY: 8, CORE: 2}, *[{"cpu": "1m", "memory": "1Mi"}] * 150,
+                   nodeSelector=ON_S5000)
+    manifest["spec"]["initContainers"] = [{"name": f"i{i}", "image": "busybox",
+                                           "resources": {"limits": {"cpu": "1m"}}} for i in range(100)]
+    before = validations(webhook)
+    r = apply(controlplane, ns, manifest)
+    assert r.returncode == 0, r.stderr
+    assert RECORD in stored(controlplane, ns, "many")["metadata"]["annotations"]
+    assert validations(webhook) == before
