@@ -324,6 +324,7 @@ def report(tallies: dict[str, Tally], version: str, rounds: int, pods: int, rate
         per_batch = [b - f for b, f in zip(t.batches, floor.batches, strict=False)]
         rows.append((config, f"{t.pods:,}", _fmt(t.per_pod_ms("step", ("admit",))),
                      _fmt(t.per_pod_ms("step", ("validate",))), _fmt(t.admission_ms),
+                     _fmt(t.admission_ms / floor.admission_ms if floor.admission_ms else math.nan, 1) + "×",
                      "–" if config == "floor" else _fmt(over) + _spread(per_batch),
                      "–" if config == "floor" else _fmt(_median(per_batch)),
                      _fmt(sorted(t.client_ms)[len(t.client_ms) // 2] if t.client_ms else math.nan, 1)))
@@ -359,7 +360,7 @@ def report(tallies: dict[str, Tally], version: str, rounds: int, pods: int, rate
         "Admission time per pod (`apiserver_admission_step_admission_duration_seconds`, sum over the pods' "
         "CREATEs / pods; over the floor: ± the standard error over rounds):",
         "",
-        *_table(["configuration", "pods", "mutating step ms", "validating step ms", "admission ms",
+        *_table(["configuration", "pods", "mutating step ms", "validating step ms", "admission ms", "× floor",
                  "over the floor ms", "median over rounds ms", "client p50 ms"], rows),
         "",
         f"Overhead of the shipped configuration over the floor: {_fmt(shipped)} ms per pod, against "

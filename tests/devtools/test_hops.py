@@ -61,3 +61,18 @@ def test_every_pod_of_the_batches_is_admitted() -> None:
     for i, (kind, _, _) in enumerate(hops.SHAPES):
         decision = review.admit(orjson.loads(hops.pod_body(i, "ns")), nodes_view(), Config())
         assert decision.allowed, (kind, decision.message)
+
+
+def test_the_report_compares_each_configuration_with_the_floor_of_the_same_run() -> None:
+    def tally(admit: float, validate: float, calls: float) -> hops.Tally:
+        t = hops.Tally(pods=100, batches=[(admit + validate) * 10, (admit + validate) * 10])
+        t.step = {("admit",): [admit, 100.0], ("validate",): [validate, 100.0]}
+        t.webhook = {("x-validate.hami-mt.mthreads.com", "validating"): [validate, calls]}
+        return t
+
+    tallies = {"floor": tally(0.05, 0.05, 0), "shipped": tally(0.45, 0.15, 0), "forced": tally(0.45, 0.65, 100)}
+    report = hops.report(tallies, "v1.37.2", 2, 100, 20.0, (1.0, 1.0, 1.0), (2.0, 2.0, 2.0))
+    # Overheads 5 ms and 10 ms per pod over a 1 ms floor: 0.5x, by totals and round by round.
+    assert "**0.50×**" in report.markdown() and "round by round: 0.50×" in report.markdown()
+    assert "| shipped | 100 | 4.50 | 1.50 | 6.00 | 6.0× | 5.00 ± 0.00 | 5.00 |" in report.markdown()
+    assert report.reading and "0.50×" in report.reading[0]
