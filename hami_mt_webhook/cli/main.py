@@ -167,8 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..service import logs, server
+    from ..service import app, logs, server
     from ..service.listener import Limits
+    from ..service.state import State
 
     logs.setup(args.log_level, args.log_format)
     config = _load_config(args)
@@ -180,7 +181,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")
     if args.kubeconfig:
         os.environ["KUBECONFIG"] = args.kubeconfig
-    state = server.State(config)
+    state = State(config)
     webhook = server.AdmissionServer(state, addr=args.listen, port=args.port, certfile=args.cert_file,
                                      pkeyfile=args.key_file, client_ca=args.client_ca,
                                      reload_interval=args.reload_interval, limits=limits)
@@ -189,7 +190,7 @@ def _serve(args: argparse.Namespace) -> int:
         runner = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
-    runner(server.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
+    runner(app.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
                       metrics_port=args.metrics_port, node_watch=args.node_watch,
                       node_selector=args.node_selector))
     return 0

@@ -15,7 +15,7 @@ from typing import TextIO
 
 import orjson
 
-#: Extra fields the webhook's own log lines carry (see server._log).
+#: Extra fields the webhook's own log lines carry (see handler.log_decision).
 FIELDS = ("webhook", "kind", "namespace", "object", "uid", "dry_run", "reason", "warnings")
 FLUSH_SECONDS = 0.2
 

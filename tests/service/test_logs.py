@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from hami_mt_webhook.rules.decision import Decision
-from hami_mt_webhook.service import server
+from hami_mt_webhook.service.handler import log_decision
 from hami_mt_webhook.service.logs import JsonLines
 from tests.builders import MEMORY, VGPU, WHOLE, container, make_pod, review_body
 
@@ -104,8 +104,8 @@ def test_operating_md_names_the_fields_the_log_lines_have():
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
-        server._log("mutate-pods", request, Decision.deny("no", "mixing"))
-        server._log("mutate-pods", request, Decision(patch=[{"op": "add"}], warnings=["w"], mutations=["snap"]))
+        log_decision("mutate-pods", request, Decision.deny("no", "mixing"))
+        log_decision("mutate-pods", request, Decision(patch=[{"op": "add"}], warnings=["w"], mutations=["snap"]))
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)

@@ -1,0 +1,18 @@
+"""What the service's parts share: the settings, the node view and the counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..rules.capacity import ClusterView
+from ..rules.config import Config
+from .metrics import Metrics
+
+
+@dataclass
+class State:
+    """One per process; the node watch writes the view, the handler and probes read it."""
+
+    config: Config
+    view: ClusterView = field(default_factory=lambda: ClusterView(ready=False))
+    metrics: Metrics = field(default_factory=Metrics)
