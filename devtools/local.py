@@ -99,8 +99,11 @@ class LocalWebhook:
         }
         certs.write_atomic(self.kubeconfig, yaml.safe_dump(config).encode(), 0o600)
 
+    #: How `serve` starts: this interpreter's package by default; the e2e tier sets the installed wheel's command.
+    command_prefix: tuple[str, ...] = (sys.executable, "-m", "hami_mt_webhook")
+
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "hami_mt_webhook.cli", "serve", "--listen", "127.0.0.1",
+        return [*self.command_prefix, "serve", "--listen", "127.0.0.1",
                 "--port", str(self.port), "--health-listen", "127.0.0.1", "--health-port", str(self.health_port),
                 "--metrics-port", str(self.metrics_port), "--cert-file", str(self.certs.tls_cert),
                 "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]

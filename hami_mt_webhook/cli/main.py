@@ -162,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:  # bad settings: one clear line
         print(f"hami-mt-webhook: {err}", file=sys.stderr)
         return 2
+    except OSError as err:  # a file or port the command needs: one clear line, not a traceback
+        print(f"hami-mt-webhook: {err.strerror or err}: {err.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
     parser.error(f"unknown command {args.command}")
     return 2
 
