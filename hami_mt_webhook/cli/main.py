@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -188,14 +187,11 @@ def _serve(args: argparse.Namespace) -> int:
     webhook = server.AdmissionServer(state, addr=args.listen, port=args.port, certfile=args.cert_file,
                                      pkeyfile=args.key_file, client_ca=args.client_ca,
                                      reload_interval=args.reload_interval, limits=limits)
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    runner(app.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
-                      metrics_port=args.metrics_port, node_watch=args.node_watch,
-                      node_selector=args.node_selector))
+    import uvloop  # a dependency: the listener's figures in docs/PERFORMANCE.md are taken on it
+
+    uvloop.run(app.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
+                       metrics_port=args.metrics_port, node_watch=args.node_watch,
+                       node_selector=args.node_selector))
     return 0
 
 
