@@ -6,14 +6,24 @@ left out of the wheel, or a missing dependency fails them as it would fail a use
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import os
+import shutil
 import subprocess
 import sys
+import time
 import venv
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: Installs kept by `install_cached`, one per source state, newest last.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hami-mt-webhook" / "installed"
+KEEP = 3
+#: An install unused this long (seconds) may go once more than `KEEP` exist.
+STALE = 6 * 3600
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,39 @@ def install(dest: Path) -> Installed:
     installed = Installed(env_dir, wheel)
     _run([str(installed.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)])
     return installed
+
+
+def source_key() -> str:
+    """A digest of everything the wheel is built from (the package, pyproject.toml, README) and the Python."""
+    h = hashlib.sha256(sys.version.encode())
+    files = [ROOT / "pyproject.toml", ROOT / "README.md",
+             *sorted(p for p in (ROOT / "hami_mt_webhook").rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
+    for path in files:
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def install_cached(cache: Path = CACHE) -> Installed:
+    """`install`, once per source state: a fresh virtualenv for every change of the sources, reused while they
+    stay the same (a test run started inside a test run, or the next run, finds it ready). Only the newest
+    `KEEP` and any used in the last `STALE` seconds are kept. Nothing is left in the temporary directory."""
+    key = source_key()
+    done = cache / key
+    if (done / "ok").exists():
+        (done / "ok").touch()  # in use: not evicted by another tree's run
+        return Installed(done / "venv", next((done / "dist").glob("*.whl")))
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:  # one installer at a time; scripts in a venv cannot be moved
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (done / "ok").exists():
+            shutil.rmtree(done, ignore_errors=True)  # an install that was cut short
+            install(done)
+            (done / "ok").write_text(key + "\n")
+    entries = sorted((p for p in cache.iterdir() if (p / "ok").exists()), key=lambda p: (p / "ok").stat().st_mtime)
+    for old in entries[:-KEEP]:
+        if time.time() - (old / "ok").stat().st_mtime > STALE:
+            shutil.rmtree(old, ignore_errors=True)
+    return Installed(done / "venv", next((done / "dist").glob("*.whl")))
 
 
 def contents(wheel: Path) -> list[str]:

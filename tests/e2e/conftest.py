@@ -29,12 +29,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(scope="session", autouse=True)
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[wheel.Installed]:
-    """The wheel built from this tree, installed with its dependencies into a fresh virtualenv outside it.
+def installed() -> Iterator[wheel.Installed]:
+    """The wheel built from this tree, installed with its dependencies into a fresh virtualenv outside it
+    (one per state of the sources, see `wheel.install_cached`).
 
     Every webhook the e2e tier starts runs `serve` from here, the command users run."""
     try:
-        done = wheel.install(tmp_path_factory.mktemp("installed"))
+        done = wheel.install_cached()
     except RuntimeError as e:
         pytest.fail(f"the package did not build or install:\n{e}", pytrace=False)
     before = LocalWebhook.command_prefix
