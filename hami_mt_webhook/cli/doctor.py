@@ -16,16 +16,20 @@ from ..rules.config import Config
 
 
 def run_doctor(kubeconfig: str | None, config: Config, output: str = "text", pending_minutes: float = 5.0) -> int:
-    # The rules log odd node reports as they read them; doctor reports those as findings instead.
-    logging.getLogger("hami_mt_webhook").addHandler(logging.NullHandler())
-    logging.getLogger("hami_mt_webhook").propagate = False
     try:
         cluster = fetch.read(fetch.Api(kubeconfig))
     except fetch.CannotRun as err:
         print(f"hami-mt-webhook doctor: {err}", file=sys.stderr)
         return 2
     settings = checks.Settings(config=config, pending=dt.timedelta(minutes=pending_minutes))
-    findings = checks.run(cluster, settings)
+    # The rules log odd node reports as they read them (once per node, for the server's log); doctor
+    # reports those as findings instead.
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        findings = checks.run(cluster, settings)
+    finally:
+        logging.disable(before)
     for finding in findings:
         print(json.dumps(finding.as_json()) if output == "json" else finding.line())
     actions = sum(f.action for f in findings)
