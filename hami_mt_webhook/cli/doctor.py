@@ -16,18 +16,17 @@ from ..rules.config import Config
 
 
 def run_doctor(kubeconfig: str | None, config: Config, output: str = "text", pending_minutes: float = 5.0) -> int:
-    try:
-        cluster = fetch.read(fetch.Api(kubeconfig))
-    except fetch.CannotRun as err:
-        print(f"hami-mt-webhook doctor: {err}", file=sys.stderr)
-        return 2
     settings = checks.Settings(config=config, pending=dt.timedelta(minutes=pending_minutes))
-    # The rules log odd node reports as they read them (once per node, for the server's log); doctor
-    # reports those as findings instead.
+    # Quiet while it runs: the HTTP client logs its retries and the rules log odd node reports (once per
+    # node, for the server's log); doctor says what matters in its own lines instead.
     before = logging.root.manager.disable
     logging.disable(logging.WARNING)
     try:
+        cluster = fetch.read(fetch.Api(kubeconfig))
         findings = checks.run(cluster, settings)
+    except fetch.CannotRun as err:
+        print(f"hami-mt-webhook doctor: {err}", file=sys.stderr)
+        return 2
     finally:
         logging.disable(before)
     for finding in findings:
