@@ -505,7 +505,8 @@ def registration(cluster: Cluster, settings: Settings) -> list[Finding]:
     """This webhook's configurations: present, failurePolicy and matchConditions as shipped, and a caBundle
     that verifies the certificate the endpoint actually serves, not about to expire."""
     ours = registered(cluster)
-    found = []
+    found: list[Finding] = []
+    endpoints: set[str] = set()
     for kind, config_name, shipped in _ours():
         entry = ours.get(shipped["name"])
         if entry is None:
@@ -528,7 +529,7 @@ def registration(cluster: Cluster, settings: Settings) -> list[Finding]:
                                  "blocks every rollout and the ReplicaSets and Jobs that controllers create; set "
                                  f"failurePolicy: {want} (its pods are checked again when created)"))
         found.extend(_match_conditions(where, hook, settings.config))
-        found.extend(_trust(where, hook, cluster, settings))
+        found.extend(_trust(where, hook, cluster, settings, endpoints))
     return _unique(found)
 
 
@@ -587,7 +588,10 @@ def _names_host(cert: x509.Certificate, host: str) -> bool:
     return False
 
 
-def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Settings) -> list[Finding]:
+def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Settings,
+           seen: set[str]) -> list[Finding]:
+    """The caBundle of one webhook against what its endpoint serves; the served certificate's name and
+    lifetime once per endpoint (the three webhooks usually share one), under the endpoint's name."""
     client_config = mapping(hook.get("clientConfig"))
     key = endpoint(client_config)
     bundle = _bundle(hook)
@@ -596,17 +600,21 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
                         f"webhook {hook.get('name')} has no readable caBundle: the API server cannot verify "
                         f"{key} and refuses every call; apply certs/webhook-configurations.yaml again (or check "
                         "cert-manager's CA injection)")]
+    first = key not in seen
+    seen.add(key)
     served = cluster.served.get(key)
-    if served is None or served.pem is None:
-        why = served.error if served is not None else "not read"
-        return [Finding("registration", where,
-                        f"the certificate {key} serves could not be read ({why}): caBundle and expiry not checked; "
+    leaf = None
+    if served is not None and served.pem is not None:
+        try:
+            leaf = x509.load_pem_x509_certificates(served.pem)[0]
+        except (ValueError, IndexError):
+            leaf = None
+    if served is None or leaf is None:
+        why = (served.error or f"{served.source} holds no PEM certificate") if served is not None else "not read"
+        return [Finding("registration", f"endpoint {key}",
+                        f"the certificate it serves could not be read ({why}): caBundle and expiry not checked; "
                         "run doctor where the endpoint is reachable (in the cluster), or with permission to read "
-                        "the webhook's TLS Secret", action=False)]
-    try:
-        leaf = x509.load_pem_x509_certificates(served.pem)[0]
-    except (ValueError, IndexError):
-        return [Finding("registration", where, f"{served.source} is no PEM certificate", action=False)]
+                        "the webhook's TLS Secret", action=False)] if first else []
     found = []
     signers = [ca for ca in bundle if _signs(ca, leaf)]
     if not signers:
@@ -616,24 +624,27 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
                              f"{leaf.issuer.rfc4514_string()}): the API server refuses every call (x509: "
                              "certificate signed by unknown authority); apply the configurations with the CA that "
                              "issued the serving certificate (hami-mt-webhook certs writes them)"))
+    if not first:
+        return found
+    at = f"endpoint {key}"
     host, _ = endpoint_host(client_config)
     if host and not _names_host(leaf, host):
-        found.append(Finding("registration", where,
+        found.append(Finding("registration", at,
                              f"the certificate {served.source} does not name {host}: the API server refuses it; "
                              "issue it again for that name (hami-mt-webhook certs --rotate --force --san ...)"))
-    for cert, what in [(leaf, f"the serving certificate ({served.source})"), *((ca, f"the CA {_cn(ca)}")
-                                                                               for ca in signers)]:
+    for cert, what in [(leaf, f"the serving certificate ({served.source})"),
+                       *((ca, f"the CA {_cn(ca)}") for ca in signers)]:
         ends = cert.not_valid_after_utc
         if ends <= cluster.now:
-            found.append(Finding("registration", where,
+            found.append(Finding("registration", at,
                                  f"{what} expired on {ends:%Y-%m-%d %H:%M} UTC: every call fails; rotate it "
                                  "(hami-mt-webhook certs --rotate --force, or check cert-manager) "
                                  "(docs/operating.md#certificates)"))
         elif ends - cluster.now < settings.expiry_warning:
             days = (ends - cluster.now).days
-            found.append(Finding("registration", where,
-                                 f"{what} expires on {ends:%Y-%m-%d %H:%M} UTC, in {days} days: rotate it now "
-                                 "(hami-mt-webhook certs --rotate, or check cert-manager's renewal) "
+            found.append(Finding("registration", at,
+                                 f"{what} expires on {ends:%Y-%m-%d %H:%M} UTC, in {_n(days, 'day')}: rotate it "
+                                 "now (hami-mt-webhook certs --rotate, or check cert-manager's renewal) "
                                  "(docs/operating.md#certificates)"))
     return found
 
