@@ -37,8 +37,6 @@ HAMI_WEBHOOK = "vgpu.hami.io"
 CARD_COUNT_LABEL = "mthreads.com/gpu.count"
 #: Labels that pin a node, not a card model.
 NODE_IDENTITY_LABELS = frozenset({"kubernetes.io/hostname"})
-#: The namespace and Service the shipped manifests use, when no registration says otherwise.
-DEFAULT_NAMESPACE = "hami-mt-webhook"
 MIGRATION = "docs/migration.md"
 
 
@@ -201,6 +199,11 @@ def asks_for_slices(pod: Mapping[str, Any], config: Config) -> bool:
     return False
 
 
+def _pods(cluster: Cluster) -> list[Obj]:
+    """The pods that stay: one being deleted needs no advice."""
+    return [p for p in cluster.pods if not _meta(p).get("deletionTimestamp")]
+
+
 def _reports(cluster: Cluster, config: Config) -> list[NodeReport]:
     return [r for r in (report(n, config) for n in cluster.nodes) if r is not None]
 
@@ -274,7 +277,7 @@ def hami_memory_per_card(configmap: Mapping[str, Any]) -> list[int] | None:
     value = mthreads.get("memoryPerCard", [96])
     values = value if isinstance(value, list) else [value]
     try:
-        return [int(v) for v in values]
+        return [int(v) for v in values] or None
     except (TypeError, ValueError):
         return None
 
@@ -338,7 +341,7 @@ def scheduler(cluster: Cluster, settings: Settings) -> list[Finding]:
     """Pods wait for the configured scheduler and none has looked at them: nothing answers to that name."""
     name = settings.config.scheduler_name
     waiting = []
-    for pod in cluster.pods:
+    for pod in _pods(cluster):
         created = _created(pod)
         if (mapping(pod.get("spec")).get("schedulerName") == name and _unattended(pod)
                 and created is not None and cluster.now - created >= settings.pending):
@@ -477,7 +480,7 @@ def labels(cluster: Cluster, settings: Settings) -> list[Finding]:
     if not reports:
         return found
     view = ClusterView(reports)
-    for pod in cluster.pods:
+    for pod in _pods(cluster):
         spec = mapping(pod.get("spec"))
         if not asks_for_slices(pod, config) or spec.get("nodeName"):
             continue
@@ -770,7 +773,7 @@ def slice_pods(cluster: Cluster, settings: Settings) -> list[Finding]:
     selector = mutating.get("namespaceSelector")
     namespaces = {name_of(n): mapping(_meta(n).get("labels")) for n in cluster.namespaces}
     found = []
-    for pod in cluster.pods:
+    for pod in _pods(cluster):
         if not asks_for_slices(pod, config):
             continue
         name = mapping(pod.get("spec")).get("schedulerName") or "default-scheduler"

@@ -165,7 +165,8 @@ def test_hami_webhook_without_memory_per_card_is_read_as_96():
 
 
 @pytest.mark.parametrize("text", ["mthreads:\n  memoryPerCard: [96, 160]\n",
-                                  "mthreads:\n  memoryPerCard: [160, 96, 176]\n", "nvidia: {}\n", "not: [yaml", ""])
+                                  "mthreads:\n  memoryPerCard: [160, 96, 176]\n", "nvidia: {}\n", "not: [yaml", "",
+                                  "mthreads:\n  memoryPerCard: []\n", "mthreads:\n  memoryPerCard: [x]\n"])
 def test_hami_webhook_covering_every_card_size_or_not_managing_moore_threads_is_fine(text):
     assert found(hami(clean(), text)) == []
 
@@ -467,6 +468,15 @@ def test_slice_pods_off_the_scheduler_each_with_the_fix():
     assert "which the webhooks skip" in out["Pod skipped/ignored"].message
     assert not out["Pod team/volcano"].action
     assert all(f.action for k, f in out.items() if k != "Pod team/volcano")
+
+
+def test_pods_being_deleted_need_no_advice():
+    cluster = clean()
+    for p in (pod("a", scheduler="default-scheduler"), pod("b", created=NOW - dt.timedelta(hours=1)),
+              pod("c", nodeSelector={PRODUCT: "none"})):
+        p["metadata"]["deletionTimestamp"] = NOW.strftime("%Y-%m-%dT%H:%M:%SZ")
+        cluster.pods.append(p)
+    assert found(cluster) == []
 
 
 def test_the_live_namespace_selector_decides_what_is_skipped():
