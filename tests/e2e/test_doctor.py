@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,11 +79,11 @@ def kubectl_apply(cp: ControlPlane, *docs: dict[str, Any]) -> None:
     cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
 
 
-def test_a_clean_install_reports_nothing(cp, hook, capsys):
+def test_a_clean_install_reports_nothing(cp, hook, capsys, installed):
     assert doctor(cp, capsys) == (0, [])
-    # And the command itself, as an operator runs it: nothing on stdout, exit status 0.
-    run = subprocess.run([sys.executable, "-m", "hami_mt_webhook.cli", "doctor", "--kubeconfig", str(cp.kubeconfig)],
-                         capture_output=True, text=True, timeout=120)
+    # And the installed command, as an operator runs it: nothing on stdout, exit status 0.
+    run = subprocess.run([str(installed.exe), "doctor", "--kubeconfig", str(cp.kubeconfig)],
+                         capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert (run.returncode, run.stdout) == (0, ""), run.stderr
     assert run.stderr == "10 checks: 0 findings to act on, 0 notes\n"
 
