@@ -35,7 +35,7 @@ def test_help_and_version_of_every_subcommand(installed: Installed, tmp_path: Pa
     out = run(installed, "--help", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     listed = out.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
-    assert listed == ["serve", "review", "certs"]  # no development command ships
+    assert listed == ["serve", "review", "doctor", "certs"]  # no development command ships
     for command in listed:
         sub = run(installed, command, "--help", cwd=tmp_path)
         assert sub.returncode == 0 and "usage: hami-mt-webhook " + command in sub.stdout, sub.stderr
