@@ -215,7 +215,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     sec.lines += [
         f"Cluster in the webhook's view: {opts.s5000} S5000 nodes (8 cards of 160) and {opts.s4000} S4000 nodes "
         f"(1 card of 96), 11 labels each. Both servers: {'uvloop' if has_uvloop() else 'asyncio'}, TLS from "
-        "`server.tls_context` (TLS 1.3, ECDHE + AES-GCM), HTTP/1.1 keep-alive, no access log, one process. The "
+        "`tls.tls_context` (TLS 1.3, ECDHE + AES-GCM), HTTP/1.1 keep-alive, no access log, one process. The "
         "webhook is `server.AdmissionServer` as `serve` runs it (its listener with the default limits, metrics, "
         f"`review.handle`), logging at `{opts.log_level}` (JSON lines to a file, as `serve` does to stderr); the "
         "baseline is a plain aiohttp `TCPSite` that reads the body and returns a constant allowed AdmissionReview.",

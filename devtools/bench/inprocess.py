@@ -46,7 +46,8 @@ def per_call(fn: Callable[[], Any], repeat: int, target: float) -> float:
 
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
-    from hami_mt_webhook.service import logs, server
+    from hami_mt_webhook.service import logs
+    from hami_mt_webhook.service.handler import log_decision
     from hami_mt_webhook.service.metrics import Metrics
 
     sec = Section("2. In process: the rules engine alone")
@@ -82,7 +83,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                                  repeat, target)
             t_log = 0.0
             if decision is not None and (decision.patch or not decision.allowed):
-                t_log = per_call(functools.partial(server._log, "mutate-pods", reply.request or {}, decision),
+                t_log = per_call(functools.partial(log_decision, "mutate-pods", reply.request or {}, decision),
                                  repeat, target)
             rows.append((kind, f"{len(body):,}", seen, fmt(t_handle * 1e6, 1), fmt(t_mutate * 1e6, 1),
                          fmt((t_handle - t_mutate) * 1e6, 1), fmt(t_validate * 1e6, 1), fmt(t_metrics * 1e6, 1),
@@ -108,8 +109,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         "gc enabled, one thread. `review.handle` is the whole seam the server calls (orjson parse, the rules, "
         "the response with its base64 JSON Patch, orjson dump); `rules.mutate` takes the already parsed pod. "
         "*validate* is `review.handle` on /validate-pods with the admitted (patched) pod, which the API "
-        "server sends next. *metrics* and *log* are what `AdmissionServer._serve_review` does around "
-        "`handle`: `Metrics.review` and, for a patch or a denial, one JSON log line at INFO (to /dev/null here).",
+        "server sends next. *metrics* and *log* are what `ReviewHandler.handle` does around `review.handle`: "
+        "`Metrics.review` and, for a patch or a denial, one JSON log line at INFO (to /dev/null here).",
         "",
         *table(["review", "body bytes", "outcome", "review.handle µs", "rules.mutate µs", "parse + respond µs",
                 "validate µs", "metrics µs", "log line µs"], rows),

@@ -99,22 +99,23 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
     when given), or a bare aiohttp TLS baseline."""
     import aiohttp.web
 
-    from hami_mt_webhook.service import logs, server
+    from hami_mt_webhook.service import logs, probes, tls
+    from hami_mt_webhook.service.server import AdmissionServer
+    from hami_mt_webhook.service.state import State
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     if kind == "webhook":
         logs.setup(log_level, "json")
-        state = server.State(CONFIG, ClusterView.from_nodes(cluster(s5000, s4000), CONFIG))
+        state = State(CONFIG, ClusterView.from_nodes(cluster(s5000, s4000), CONFIG))
         state.metrics.ready.set(1)
-        srv = server.AdmissionServer(state, addr="127.0.0.1", port=port, certfile=cert, pkeyfile=key,
-                                     reload_interval=3600.0,
-                                     limits=dataclasses.replace(Limits(), drain_seconds=0.2, shutdown_timeout=1.0))
+        srv = AdmissionServer(state, addr="127.0.0.1", port=port, certfile=cert, pkeyfile=key, reload_interval=3600.0,
+                              limits=dataclasses.replace(Limits(), drain_seconds=0.2, shutdown_timeout=1.0))
         gen = srv(None)
         await gen.__anext__()
         health = None
         if health_port:
-            health = aiohttp.web.AppRunner(await server.health_app(state), access_log=None)
+            health = aiohttp.web.AppRunner(probes.health_app(state), access_log=None)
             await health.setup()
             await aiohttp.web.TCPSite(health, "127.0.0.1", health_port).start()
         print("ready", flush=True)
@@ -138,7 +139,7 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
     runner = aiohttp.web.AppRunner(app, access_log=None, keepalive_timeout=75, shutdown_timeout=1.0)
     await runner.setup()
     try:
-        await aiohttp.web.TCPSite(runner, "127.0.0.1", port, ssl_context=server.tls_context(cert, key)).start()
+        await aiohttp.web.TCPSite(runner, "127.0.0.1", port, ssl_context=tls.tls_context(cert, key)).start()
         print("ready", flush=True)
         await stop.wait()
     finally:
