@@ -17,6 +17,7 @@ import orjson
 import yaml
 
 from ..admission import review
+from ..admission.workloads import check as check_workload
 from ..rules import workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
@@ -121,7 +122,7 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
         return out, decision.allowed
     kind = item.doc.get("kind")
     if kind in workloads.TEMPLATES:  # what validate-workloads answers when the workload is created
-        decision = workloads.check(item.doc, kind, view, config)
+        decision = check_workload(item.doc, kind, view, config)
     else:
         decision = review.admit(item.doc, view, config)
     return summary(item.doc, decision), decision.allowed
