@@ -64,7 +64,7 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def review(self, webhook: str, request: dict | None, decision: Decision | None, seconds: float) -> None:
+    def review(self, webhook: str, request: dict[str, Any] | None, decision: Decision | None, seconds: float) -> None:
         if decision is None:
             self._child(self.bad_requests, webhook).inc()
             return
