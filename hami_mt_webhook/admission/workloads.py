@@ -18,12 +18,15 @@ from ..rules.decision import Decision
 from .pods import admit
 
 
-def kind_of(request: dict[str, Any]) -> Any:
-    """The request's kind, else its object's (hand-written reviews often leave `request.kind` out)."""
+def kind_of(request: dict[str, Any]) -> str | None:
+    """The request's kind, else its object's (hand-written reviews often leave `request.kind` out); None when
+    neither is a string."""
     kind = request.get("kind")
     name = kind.get("kind") if isinstance(kind, dict) else None
     obj = request.get("object")
-    return obj.get("kind") if name is None and isinstance(obj, dict) else name
+    if name is None and isinstance(obj, dict):
+        name = obj.get("kind")
+    return name if isinstance(name, str) else None
 
 
 def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:

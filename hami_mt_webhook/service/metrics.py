@@ -72,7 +72,7 @@ class Metrics:
         if operation not in OPERATIONS:  # label values from a request must not grow the series without bound
             operation = "other"
         dry = "true" if request and request.get("dryRun") is True else "false"
-        result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
+        result = "patched" if decision.changes else ("allowed" if decision.allowed else "denied")
         self._child(self.reviews, webhook, operation, dry, result).inc()
         self._child(self.duration, webhook).observe(seconds)
         for kind in decision.mutations:
