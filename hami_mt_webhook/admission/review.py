@@ -77,7 +77,7 @@ def respond(uid: str, decision: Decision, api_version: Any = None) -> dict[str, 
                               "reason": REASONS.get(decision.code, "Forbidden")}
     if decision.warnings:
         response["warnings"] = decision.warnings
-    if decision.patch:
+    if decision.changes:  # tuple paths until here: the one place they are written as JSON Patch
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode("ascii")
     return {"apiVersion": api_version if api_version in API_VERSIONS else API_VERSIONS[0],
