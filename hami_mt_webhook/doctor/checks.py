@@ -136,7 +136,7 @@ def sequence(value: Any) -> list[Any]:
 def _webhooks(configs: Iterable[Obj], kind: str) -> Iterable[tuple[str, Obj, Obj]]:
     for doc in configs:
         for hook in sequence(doc.get("webhooks")):
-            if isinstance(hook, Mapping):
+            if isinstance(hook, dict):
                 yield kind, doc, hook
 
 
@@ -170,16 +170,17 @@ def endpoint_host(client_config: Mapping[str, Any]) -> tuple[str, int]:
 def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
     """A Kubernetes label selector (matchLabels, matchExpressions) against labels; an empty one matches all."""
     selector = mapping(selector)
-    for key, value in mapping(selector.get("matchLabels")).items():
-        if labels.get(key) != value:
+    for label, value in mapping(selector.get("matchLabels")).items():
+        if labels.get(label) != value:
             return False
     for expr in sequence(selector.get("matchExpressions")):
         expr = mapping(expr)
         key, op, values = expr.get("key"), expr.get("operator"), sequence(expr.get("values"))
-        present = key in labels
-        if op == "In" and not (present and labels[key] in values):
+        value = labels.get(key) if isinstance(key, str) else None  # label values are strings: None is absent
+        present = value is not None
+        if op == "In" and not (present and value in values):
             return False
-        if op == "NotIn" and present and labels[key] in values:
+        if op == "NotIn" and present and value in values:
             return False
         if op == "Exists" and not present:
             return False

@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import urllib3
@@ -91,6 +91,7 @@ class Api:
         except urllib3.exceptions.HTTPError as err:
             reason = getattr(err, "reason", None) or err
             raise CannotRun(f"cannot reach the API server at {self.server}: {reason}") from None
+        body: Any
         try:
             body = json.loads(resp.data) if resp.data else {}
         except ValueError:
@@ -185,7 +186,7 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
     return cluster
 
 
-def _served(api: Api, cluster: Cluster, client_config: Obj, probe: Probe) -> Served:
+def _served(api: Api, cluster: Cluster, client_config: Mapping[str, Any], probe: Probe) -> Served:
     """What the endpoint serves: a handshake with it (a URL, or the Service's DNS name inside the cluster),
     else the certificate in the Secret that the Service's pods mount."""
     host, port = checks.endpoint_host(client_config)

@@ -62,7 +62,7 @@ class ReviewHandler:
             reply = review.Reply(400, b'{"error":"the review could not be evaluated"}')
         state.metrics.review(label, reply.request, reply.decision, time.perf_counter() - started)
         decision = reply.decision
-        if decision is not None and (decision.patch or not decision.allowed) and logger.isEnabledFor(logging.INFO):
+        if decision is not None and (decision.changes or not decision.allowed) and logger.isEnabledFor(logging.INFO):
             try:
                 log_decision(webhook, reply.request or {}, decision)
             except Exception:  # a log line must never cost an answer

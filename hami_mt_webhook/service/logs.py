@@ -34,7 +34,7 @@ class JsonLines(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-class BatchedStreamHandler(logging.StreamHandler):
+class BatchedStreamHandler(logging.StreamHandler[TextIO]):
     """A StreamHandler that flushes on a timer rather than after every line.
 
     Errors and above are flushed at once: they may be the last thing a dying process says.
