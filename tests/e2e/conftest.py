@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def controlplane() -> Iterator[ControlPlane]:
-    cp = ControlPlane()
+    cp = ControlPlane(controllers=True)  # started once: every module shares its controllers and scheduler
     try:
         cp.start()
     except ControlPlaneError as e:
