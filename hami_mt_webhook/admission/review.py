@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 
 from ..rules import pods as rules
-from ..rules import workloads
+from ..rules import quota, workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
@@ -50,14 +50,6 @@ def request_of(review: dict[str, Any]) -> tuple[dict[str, Any], str]:
     if not isinstance(uid, str) or not uid:
         raise BadReview("the AdmissionReview request has no uid")
     return request, uid
-
-
-def answer(review: dict[str, Any], handler: Handler, view: ClusterView,
-           config: Config) -> tuple[dict[str, Any], Decision]:
-    """Apply a webhook's `handler` to the review's request."""
-    request, uid = request_of(review)
-    decision = handler(request, view, config)
-    return respond(uid, decision, review.get("apiVersion")), decision
 
 
 def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> Decision:
@@ -148,33 +140,49 @@ class Reply:
     request: dict[str, Any] | None = None
 
 
-def handle(body: bytes, webhook: str, view: ClusterView, config: Config) -> Reply:
+def handle(body: bytes, webhook: str, view: ClusterView, config: Config,
+           quotas: quota.QuotaIndex | None = None) -> Reply:
     """The HTTP seam: status code and body for a POST to /<webhook>."""
     try:
         review = parse(body) if webhook in WEBHOOKS else {}
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
-    return handle_parsed(review, webhook, view, config)
+    return handle_parsed(review, webhook, view, config, quotas)
 
 
-def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config) -> Reply:
+def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config,
+                  quotas: quota.QuotaIndex | None = None) -> Reply:
     """`handle` for a body already decoded with `parse` (the server decodes large bodies in a thread)."""
     handler = WEBHOOKS.get(webhook)
     if handler is None:
         return Reply(404, orjson.dumps({"error": f"no webhook {quote(webhook)}; known: {', '.join(WEBHOOKS)}"}))
     try:
-        request, _ = request_of(review)
-        out, decision = answer(review, handler, view, config)
+        request, uid = request_of(review)
+        decision = handler(request, view, config)
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
-    return Reply(200, orjson.dumps(out), decision, request)
+    if webhook == "mutate-pods":
+        quota_warnings(request, decision, quotas, config)
+    return Reply(200, orjson.dumps(respond(uid, decision, review.get("apiVersion"))), decision, request)
+
+
+def quota_warnings(request: dict[str, Any], decision: Decision, quotas: quota.QuotaIndex | None,
+                   config: Config) -> None:
+    """§4.9, once per pod (by the mutating webhook): the namespace's quotas that Kubernetes does not enforce."""
+    if quotas is None or request.get("operation") != "CREATE" or request.get("subResource") \
+            or _kind(request) not in (None, "Pod"):
+        return
+    namespace = request.get("namespace")
+    if isinstance(namespace, str):
+        decision.warnings.extend(quota.warnings(request.get("object"), quotas.get(namespace), config))
 
 
 #: What the API server does with both pod webhooks: mutate, then validate the patched pod.
 admit = rules.admit
 
 
-def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> tuple[dict[str, Any], Decision]:
+def admit_review(review: dict[str, Any], view: ClusterView, config: Config,
+                 quotas: quota.QuotaIndex | None = None) -> tuple[dict[str, Any], Decision]:
     """The server's answer to an AdmissionReview: for a pod both webhooks (the mutating answer, or the
     validating denial of its result); for a workload, validate-workloads."""
     request, uid = request_of(review)
@@ -185,6 +193,7 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> t
         decision = decide_validate(request, view, config)
         return respond(uid, decision, review.get("apiVersion")), decision
     mutated = decide(request, rules.mutate, view, config)
+    quota_warnings(request, mutated, quotas, config)
     final = mutated
     if mutated.allowed and mutated.object is not None:
         checked = decide({**request, "object": mutated.object}, rules.validate, view, config)

@@ -87,34 +87,36 @@ class Expired(WatchError):
 class Build:
     """A set of nodes being built from initial events or list pages, not yet visible to reviews."""
 
-    nodes: dict[str, NodeReport] = field(default_factory=dict)
+    nodes: dict[str, Any] = field(default_factory=dict)  # name -> what the view keeps of the object
 
-    def apply(self, kind: str, name: str, node: NodeReport | None) -> None:
+    def apply(self, kind: str, name: str, node: Any) -> None:
         if kind == "DELETED" or node is None:
             self.nodes.pop(name, None)
         else:
             self.nodes[name] = node
 
 
-class NodeFeed:
-    """The pure part of the watch: events in, the view (and its readiness) kept up to date.
+class Feed:
+    """The pure part of a watch: events in, a view (and its readiness) kept up to date.
 
     It holds the resourceVersion to resume from, and a `Build` while a complete set is arriving.
+    Subclasses say what one object does to their view (`node`) and how a complete set replaces it.
     """
 
-    def __init__(self, view: ClusterView, config: Config, metrics: Metrics | None = None) -> None:
-        self.view, self.config, self.metrics = view, config, metrics
-        self.resource_version: str | None = None
-        self.build: Build | None = None
-        self.synced_at: float | None = None  # wall time the view was last known complete and current
-        self.noted: dict[str, int] = {}  # node -> the odd per-card capacity already logged for it (§2: once)
+    resource_version: str | None = None
+    build: Build | None = None
+    synced_at: float | None = None  # wall time the view was last known complete and current
+    metrics: Metrics | None = None
 
     def start_build(self) -> None:
-        """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
-        self.build = Build()
-        self.resource_version = None
-        logger.info("node view: reading the complete node set (%s)", "first sync" if not self.view.ready
-                    else f"rebuild; {len(self.view)} sliced nodes keep answering meanwhile")
+        raise NotImplementedError
+
+    def node(self, kind: str, obj: dict[str, Any]) -> None:
+        """Apply one object (named `node` for the Node watch, whose objects it was written for)."""
+        raise NotImplementedError
+
+    def finish_build(self, resource_version: str | None) -> None:
+        raise NotImplementedError
 
     def line(self, raw: bytes) -> None:
         """One watch event, as the API server sends it (a JSON object)."""
@@ -143,6 +145,24 @@ class NodeFeed:
         self.node(kind, obj)
         if self.build is None and rv:
             self.resource_version = rv
+
+
+class NodeFeed(Feed):
+    """Node events in, the node view (and its readiness) kept up to date."""
+
+    def __init__(self, view: ClusterView, config: Config, metrics: Metrics | None = None) -> None:
+        self.view, self.config, self.metrics = view, config, metrics
+        self.resource_version: str | None = None
+        self.build: Build | None = None
+        self.synced_at: float | None = None
+        self.noted: dict[str, int] = {}  # node -> the odd per-card capacity already logged for it (§2: once)
+
+    def start_build(self) -> None:
+        """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
+        self.build = Build()
+        self.resource_version = None
+        logger.info("node view: reading the complete node set (%s)", "first sync" if not self.view.ready
+                    else f"rebuild; {len(self.view)} sliced nodes keep answering meanwhile")
 
     def node(self, kind: str, obj: dict[str, Any]) -> None:
         """Apply one Node object: into the build while one is arriving, else straight into the view."""
@@ -219,13 +239,14 @@ Login = Callable[[], kopf.ConnectionInfo | None]
 
 
 class NodeWatch:
-    """Keeps a `NodeFeed` connected to the API server until cancelled."""
+    """Keeps a `Feed` connected to the API server until cancelled: Nodes, or what `path` lists."""
 
-    def __init__(self, feed: NodeFeed, login: Login, *, mode: str = "auto", label_selector: str | None = None,
-                 watch_seconds: int = 300) -> None:
+    def __init__(self, feed: Feed, login: Login, *, mode: str = "auto", label_selector: str | None = None,
+                 watch_seconds: int = 300, path: str = NODES, what: str = "node watch") -> None:
         if mode not in MODES:
             raise ValueError(f"node watch mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.feed, self.login, self.mode = feed, login, mode
+        self.path, self.what = path, what
         self.label_selector = label_selector
         self.watch_seconds = watch_seconds
         self.connected = False
@@ -248,32 +269,32 @@ class NodeWatch:
         while True:
             info = self.login()
             if info is None:
-                raise kopf.LoginError("no kubeconfig and no service account to watch Nodes with")
+                raise kopf.LoginError(f"no kubeconfig and no service account for the {self.what}")
             try:
                 async with _session(info) as session:
                     if self.mode == "auto":
-                        self.mode = await _choose_mode(session, info.server)
+                        self.mode = await _choose_mode(session, info.server, self.what)
                     while True:
                         await self._once(session, info.server)
                         delay, self.failures = BACKOFF_START, 0  # a watch that ended cleanly: reconnect at once
             except asyncio.CancelledError:
                 raise
             except Expired as err:
-                logger.info("node watch: %s; building the node set anew", err)
+                logger.info("%s: %s; building the set anew", self.what, err)
                 self.feed.resource_version = None
                 delay = 0.0
             except (TimeoutError, WatchError, aiohttp.ClientError, OSError, ValueError) as err:
                 if isinstance(err, WatchError) and err.status == 422 and self.mode == "stream":
-                    logger.warning("node watch: the API server refuses streaming lists (%s); "
-                                   "using paged lists", err)
+                    logger.warning("%s: the API server refuses streaming lists (%s); using paged lists",
+                                   self.what, err)
                     self.mode = "list"
                     delay = 0.0
                 else:
                     self.failures += 1
                     # The first failure and then one a minute: an outage must not flood the log.
                     level = logging.WARNING if self.failures % 30 == 1 else logging.DEBUG
-                    logger.log(level, "node watch interrupted (%s: %s); retrying in %.1f s (failure %d in a row)",
-                               type(err).__name__, err, delay, self.failures)
+                    logger.log(level, "%s interrupted (%s: %s); retrying in %.1f s (failure %d in a row)",
+                               self.what, type(err).__name__, err, delay, self.failures)
             finally:
                 self.connected = False
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
@@ -299,7 +320,7 @@ class NodeWatch:
         else:
             params["resourceVersion"] = feed.resource_version
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.watch_seconds + 60)
-        async with session.get(server + NODES, params=params, timeout=timeout) as resp:
+        async with session.get(server + self.path, params=params, timeout=timeout) as resp:
             await _check(resp)
             self.connected, self.failures = True, 0
             if feed.build is None:
@@ -318,7 +339,7 @@ class NodeWatch:
         if self.label_selector:
             params["labelSelector"] = self.label_selector
         while True:
-            async with session.get(server + NODES, params=params) as resp:
+            async with session.get(server + self.path, params=params) as resp:
                 await _check(resp)
                 page = orjson.loads(await resp.read())
             for obj in page.get("items") or ():
@@ -339,7 +360,7 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
     raise cls(f"HTTP {resp.status} from {resp.url.path}: {text}", resp.status)
 
 
-async def _choose_mode(session: aiohttp.ClientSession, server: str) -> str:
+async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = "node watch") -> str:
     """Streaming lists from Kubernetes 1.27 on; paged lists before (they ignore sendInitialEvents)."""
     async with session.get(server + "/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
         await _check(resp)
@@ -350,7 +371,7 @@ async def _choose_mode(session: aiohttp.ClientSession, server: str) -> str:
     except ValueError:
         return "stream"
     mode = "stream" if (major, minor) >= (1, 27) else "list"
-    logger.info("node watch: Kubernetes %s.%s, %s", major, minor,
+    logger.info("%s: Kubernetes %s.%s, %s", what, major, minor,
                 "streaming list (WatchList)" if mode == "stream" else "paged list, then watch")
     return mode
 

@@ -29,8 +29,9 @@ from aiohttp import hdrs
 from ..admission import review
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
+from ..rules.quota import QuotaIndex
 from ..rules.text import clip, quote
-from . import certs, nodewatch
+from . import certs, nodewatch, quotawatch
 from .listener import GuardedHandler, Limits, Listener
 from .metrics import Metrics
 
@@ -41,10 +42,11 @@ CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 @dataclass
 class State:
-    """What the handlers share: the node view, the settings and the counters."""
+    """What the handlers share: the node view, the quota index, the settings and the counters."""
 
     config: Config
     view: ClusterView = field(default_factory=lambda: ClusterView(ready=False))
+    quotas: QuotaIndex = field(default_factory=QuotaIndex)
     metrics: Metrics = field(default_factory=Metrics)
 
 
@@ -173,18 +175,18 @@ class AdmissionServer(kopf.WebhookServer):
             body = await request.read()
             if isinstance(protocol, GuardedHandler):
                 protocol.request_read()
-            return review.handle(body, webhook, state.view, state.config)
+            return review.handle(body, webhook, state.view, state.config, state.quotas)
         async with self._big_lane:
             body = await request.read()
             if isinstance(protocol, GuardedHandler):
                 protocol.request_read()
             if webhook not in review.WEBHOOKS:
-                return review.handle_parsed({}, webhook, state.view, state.config)
+                return review.handle_parsed({}, webhook, state.view, state.config, state.quotas)
             try:
                 parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
             except review.BadReview as err:
                 return review.Reply(400, orjson.dumps({"error": str(err)}))
-        return review.handle_parsed(parsed, webhook, state.view, state.config)
+        return review.handle_parsed(parsed, webhook, state.view, state.config, state.quotas)
 
     async def _serve_review(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         webhook = request.match_info["id"]
@@ -275,7 +277,8 @@ async def health_app(state: State) -> aiohttp.web.Application:
 
 async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
               metrics_port: int | None, node_watch: str = "auto", node_selector: str | None = None) -> None:
-    """Run kopf (login, webhook server, signals) with the node watch and the probe and metrics listeners."""
+    """Run kopf (login, webhook server, signals) with the node and quota watches and the probe and metrics
+    listeners."""
     gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
     registry = kopf.OperatorRegistry()
     register(registry, state)
@@ -289,6 +292,8 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     watch = nodewatch.NodeWatch(feed, lambda: nodewatch.login(settings), mode=node_watch,
                                 label_selector=node_selector)
     watcher = asyncio.create_task(_keep_watching(watch), name="node watch")
+    quotas = quotawatch.quota_watch(state.quotas, state.config, lambda: nodewatch.login(settings), mode=node_watch)
+    quota_watcher = asyncio.create_task(_keep_watching(quotas), name="quota watch")
     runners = []
     try:
         app = await health_app(state)
@@ -301,6 +306,7 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
         await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True)
     finally:
         watcher.cancel()
+        quota_watcher.cancel()
         for runner in runners:
             await runner.cleanup()
 
@@ -313,5 +319,5 @@ async def _keep_watching(watch: nodewatch.NodeWatch) -> None:
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("the node watch failed; restarting it in 1 s")
+            logger.exception("the %s failed; restarting it in 1 s", watch.what)
             await asyncio.sleep(1.0)
