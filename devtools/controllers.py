@@ -11,9 +11,12 @@ make the local control plane do the same, so the tests see what the webhook's re
   manages it). Pods on `default-scheduler` stay Pending: no profile answers to that name.
 - There are no kubelets, so no node ever reports Ready. Rather than fake heartbeats (a thread that
   must outlive every test, and whose pause under load would taint nodes and evict pods), the node
-  lifecycle controller is switched off, and the API server's TaintNodesByCondition plugin with it
+  lifecycle controller is not run, and the API server's TaintNodesByCondition plugin is off with it
   (its `node.kubernetes.io/not-ready` taint on new nodes is lifted only by that controller), so nodes
   are schedulable as created. Pods are bound, never run.
+- kube-controller-manager runs only the controllers on that path (`CONTROLLERS`): the others watch
+  every pod or write to every node or namespace (endpoints, disruption, TTL, pod GC, root CA ...),
+  CPU that two cores shared with the API server, the webhook and the tests cannot spare.
 """
 
 from __future__ import annotations
@@ -27,8 +30,12 @@ from hami_mt_webhook.service import certs
 SCHEDULER_NAME = "hami-scheduler"
 #: Resources the stand-in profile leaves to HAMi's extender: only vgpu, so the slices are still fitted.
 IGNORED_RESOURCES = ("mthreads.com/vgpu",)
-#: No kubelet keeps a Ready condition fresh: without this every node would be tainted and its pods evicted.
-DISABLED_CONTROLLERS = ("node-lifecycle-controller",)
+#: Workloads create their pods, quotas are counted, deleted namespaces and owners take their objects along.
+#: Not the node lifecycle controller: no kubelet keeps a Ready condition fresh, so it would taint every
+#: node and evict its pods.
+CONTROLLERS = ("deployment-controller", "replicaset-controller", "statefulset-controller", "daemonset-controller",
+               "job-controller", "cronjob-controller", "resourcequota-controller", "namespace-controller",
+               "garbage-collector-controller", "serviceaccount-controller")
 
 
 def scheduler_config(kubeconfig: Path) -> dict:
@@ -40,6 +47,10 @@ def scheduler_config(kubeconfig: Path) -> dict:
         "profiles": [{"schedulerName": SCHEDULER_NAME, "pluginConfig": [
             {"name": "NodeResourcesFit", "args": {"ignoredResources": list(IGNORED_RESOURCES)}}]}],
     }
+
+
+#: The API server has no front-proxy CA for them to look up, and each would log its absence many times a second.
+_QUIET = ("--authentication-skip-lookup=true",)
 
 
 def _serving(d: Path, ca: certs.KeyPair, name: str) -> list[str]:
@@ -54,16 +65,17 @@ def scheduler_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, p
     certs.write_atomic(config, yaml.safe_dump(scheduler_config(kubeconfig), sort_keys=False).encode())
     return [str(bin_dir / "kube-scheduler"), f"--config={config}", "--bind-address=127.0.0.1",
             f"--secure-port={port}", *_serving(d, ca, "kube-scheduler"),
-            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}"]
+            f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+            *_QUIET]
 
 
 def controller_manager_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, port: int) -> list[str]:
     return [
         str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
-        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}", *_QUIET,
         "--bind-address=127.0.0.1", f"--secure-port={port}", *_serving(d, ca, "kube-controller-manager"),
         "--leader-elect=false",
-        "--controllers=*," + ",".join(f"-{c}" for c in DISABLED_CONTROLLERS),
+        "--controllers=" + ",".join(CONTROLLERS),
         # Each controller as its own ServiceAccount, with the bootstrap roles, as on a real cluster.
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={d / 'sa.key'}", f"--root-ca-file={d / 'ca.crt'}",
