@@ -12,7 +12,7 @@ from typing import Any
 
 import orjson
 
-from ..rules import workloads
+from ..rules import quota, workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
@@ -21,8 +21,8 @@ from .pods import EPHEMERAL, Handler, Rule, admit, admit_request, decide, mutate
 from .workloads import decide_workload, kind_of
 
 __all__ = ["API_VERSIONS", "EPHEMERAL", "WEBHOOKS", "BadReview", "Handler", "Reply", "Rule", "admit", "admit_review",
-           "answer", "decide", "decide_workload", "handle", "handle_parsed", "parse", "request_of",
-           "respond"]
+           "answer", "decide", "decide_workload", "handle", "handle_parsed", "parse", "quota_warnings",
+           "request_of", "respond"]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}
@@ -94,31 +94,51 @@ class Reply:
     request: dict[str, Any] | None = None
 
 
-def handle(body: bytes, webhook: str, view: ClusterView, config: Config) -> Reply:
+def handle(body: bytes, webhook: str, view: ClusterView, config: Config,
+           quotas: quota.QuotaIndex | None = None) -> Reply:
     """The HTTP seam: status code and body for a POST to /<webhook>."""
     try:
         review = parse(body) if webhook in WEBHOOKS else {}
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
-    return handle_parsed(review, webhook, view, config)
+    return handle_parsed(review, webhook, view, config, quotas)
 
 
-def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config) -> Reply:
+def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config,
+                  quotas: quota.QuotaIndex | None = None) -> Reply:
     """`handle` for a body already decoded with `parse` (the server decodes large bodies in a thread)."""
     handler = WEBHOOKS.get(webhook)
     if handler is None:
         return Reply(404, orjson.dumps({"error": f"no webhook {quote(webhook)}; known: {', '.join(WEBHOOKS)}"}))
     try:
-        request, _ = request_of(review)
-        out, decision = answer(review, handler, view, config)
+        request, uid = request_of(review)
+        decision = handler(request, view, config)
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
-    return Reply(200, orjson.dumps(out), decision, request)
+    if webhook == "mutate-pods":
+        quota_warnings(request, decision, quotas, config)
+    return Reply(200, orjson.dumps(respond(uid, decision, review.get("apiVersion"))), decision, request)
 
 
-def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> tuple[dict[str, Any], Decision]:
+def quota_warnings(request: dict[str, Any], decision: Decision, quotas: quota.QuotaIndex | None,
+                   config: Config) -> None:
+    """§4.9, once per pod (by the mutating webhook): the namespace's quotas that Kubernetes does not enforce."""
+    if quotas is None or request.get("operation") != "CREATE" or request.get("subResource") \
+            or kind_of(request) not in (None, "Pod"):
+        return
+    namespace = request.get("namespace")
+    if isinstance(namespace, str):
+        decision.warnings.extend(quota.warnings(request.get("object"), quotas.get(namespace), config))
+
+
+def admit_review(review: dict[str, Any], view: ClusterView, config: Config,
+                 quotas: quota.QuotaIndex | None = None) -> tuple[dict[str, Any], Decision]:
     """The API server's answer to an AdmissionReview: for a pod both pod webhooks, chained (the mutating
     answer, or the validating denial of its result); for a workload, validate-workloads."""
-    request, _ = request_of(review)
-    handler = decide_workload if kind_of(request) in workloads.TEMPLATES else admit_request
-    return answer(review, handler, view, config)
+    request, uid = request_of(review)
+    if kind_of(request) in workloads.TEMPLATES:
+        decision = decide_workload(request, view, config)
+    else:
+        decision = admit_request(request, view, config)
+        quota_warnings(request, decision, quotas, config)
+    return respond(uid, decision, review.get("apiVersion")), decision

@@ -84,18 +84,18 @@ class ReviewHandler:
             body = await request.read()
             if isinstance(protocol, GuardedHandler):
                 protocol.request_read()
-            return review.handle(body, webhook, state.view, state.config)
+            return review.handle(body, webhook, state.view, state.config, state.quotas)
         async with self._big_lane:
             body = await request.read()
             if isinstance(protocol, GuardedHandler):
                 protocol.request_read()
             if webhook not in review.WEBHOOKS:
-                return review.handle_parsed({}, webhook, state.view, state.config)
+                return review.handle_parsed({}, webhook, state.view, state.config, state.quotas)
             try:
                 parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
             except review.BadReview as err:
                 return review.Reply(400, orjson.dumps({"error": str(err)}))
-        return review.handle_parsed(parsed, webhook, state.view, state.config)
+        return review.handle_parsed(parsed, webhook, state.view, state.config, state.quotas)
 
 
 def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> None:
