@@ -16,6 +16,7 @@ from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import certs, server
 from hami_mt_webhook.service.listener import Limits
+from hami_mt_webhook.service.state import State
 from tests.builders import make_pod as _make_pod
 from tests.builders import nodes_view as _nodes_view
 
@@ -50,7 +51,7 @@ class Running:
 
     url: str
     ca_path: Path
-    state: server.State
+    state: State
     server: server.AdmissionServer
     layout: certs.Layout
     port: int
@@ -64,8 +65,8 @@ def serve_webhook(certs_dir: certs.Layout, nodes_view: ClusterView):
     """An async context manager factory: start an AdmissionServer the way kopf drives it."""
 
     @contextlib.asynccontextmanager
-    async def start(state: server.State | None = None, **options: Any) -> AsyncIterator[Running]:
-        state = state or server.State(Config(), nodes_view)
+    async def start(state: State | None = None, **options: Any) -> AsyncIterator[Running]:
+        state = state or State(Config(), nodes_view)
         options.setdefault("reload_interval", 3600.0)
         options.setdefault("limits", Limits(drain_seconds=0.2, shutdown_timeout=0.5))
         srv = server.AdmissionServer(state, addr="127.0.0.1", port=0, certfile=str(certs_dir.tls_cert),

@@ -293,6 +293,11 @@ def part_hops(opts: argparse.Namespace, workdir: Path) -> Report:
     return report(tallies, version, rounds, pods, rate, load_start, os.getloadavg())
 
 
+def run(opts: argparse.Namespace, workdir: Path) -> Report:
+    """The part as `python -m devtools.bench --parts hops` runs it."""
+    return part_hops(opts, workdir / "hops")
+
+
 def _fmt(value: float, digits: int = 2) -> str:
     return "–" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 

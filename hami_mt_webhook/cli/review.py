@@ -17,6 +17,7 @@ import orjson
 import yaml
 
 from ..admission import review
+from ..admission.workloads import check as check_workload
 from ..rules import workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
@@ -90,7 +91,7 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
 
 
 def _name(doc: dict[str, Any]) -> tuple[Any, Any]:
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
     return meta.get("name") or meta.get("generateName"), meta.get("namespace")
 
 
@@ -103,7 +104,7 @@ def skipped_line(item: Item) -> dict[str, Any]:
 def view_from(node_files: Iterable[str], config: Config) -> ClusterView:
     nodes = []
     for source, doc in read_documents(node_files):
-        entries = doc.get("items") if isinstance(doc, dict) and isinstance(doc.get("items"), list) else [doc]
+        entries = doc["items"] if isinstance(doc, dict) and isinstance(doc.get("items"), list) else [doc]
         for node in entries:
             if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
                 raise InputError(f"{source}: expected Node objects (kubectl get nodes -o yaml)")
@@ -121,14 +122,14 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
         return out, decision.allowed
     kind = item.doc.get("kind")
     if kind in workloads.TEMPLATES:  # what validate-workloads answers when the workload is created
-        decision = workloads.check(item.doc, kind, view, config)
+        decision = check_workload(item.doc, kind, view, config)
     else:
         decision = review.admit(item.doc, view, config)
     return summary(item.doc, decision), decision.allowed
 
 
 def summary(pod: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    meta: dict[str, Any] = pod["metadata"] if isinstance(pod.get("metadata"), dict) else {}
     return {
         "name": meta.get("name") or meta.get("generateName"),
         "namespace": meta.get("namespace") or "default",
@@ -146,7 +147,7 @@ JUDGED = f"Pods, workloads ({WORKLOADS}), Lists of them and AdmissionReviews"
 
 def pod_spec(item: Item) -> dict[str, Any] | None:
     """The pod spec an item is judged by: the Pod's, the workload's template's, or the review's object's."""
-    doc = item.doc
+    doc: Any = item.doc
     kind = doc.get("kind")
     if kind == "AdmissionReview":
         request = doc.get("request")

@@ -1,9 +1,7 @@
-"""Workload pod templates, checked by the pod rules when the workload is applied (`validate-workloads`).
+"""Workload pod templates: where each kind keeps one, and the pod a controller would create from it.
 
-A pod-only webhook accepts a Deployment whose pods it will refuse: the refusal then shows only as
-FailedCreate events on a ReplicaSet. Here the template is turned into the pod a controller would
-create and run through mutate-then-validate, so `kubectl apply` is denied with the same message, and
-the changes pod creation will make come back as warnings. The workload itself is never patched.
+`validate-workloads` (admission.workloads) runs that pod through both pod webhooks, so a workload
+whose pods would be refused is refused when it is applied.
 """
 
 from __future__ import annotations
@@ -11,10 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from . import pods as rules
-from .capacity import ClusterView
-from .config import Config
-from .decision import Decision
+from .slots import DEFAULT_SCHEDULER
 from .text import clip
 
 #: Kind -> (API group, path of the pod template in the object). Pod templates of other kinds are not checked.
@@ -67,35 +62,5 @@ def pod_of(workload: Any, kind: str) -> dict[str, Any] | None:
     if isinstance(spec, Mapping):
         spec = dict(spec)
         if not spec.get("schedulerName"):
-            spec["schedulerName"] = rules.DEFAULT_SCHEDULER
+            spec["schedulerName"] = DEFAULT_SCHEDULER
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-
-
-def check(workload: Any, kind: str, view: ClusterView, config: Config, old: Any = None) -> Decision:
-    """The validate-workloads answer: deny what pod creation would deny, warn what it would change.
-
-    `old` is the stored object on UPDATE. An update that leaves the template as it was is never denied
-    (scaling a Deployment created before this webhook must keep working); it only warns when the
-    template's pods would be denied. The decision's object is the workload, unchanged, with no patch.
-    """
-    name = label(workload, kind)
-    pod = pod_of(workload, kind)
-    if pod is None:
-        return Decision.deny(f"{name} has no pod template at {template_path(kind)}", "malformed", 400, obj=workload)
-    decision = rules.admit(pod, view, config)  # a template labelled hami.io/webhook: ignore gets validation only
-    if old is not None and template(old, kind) == template(workload, kind):
-        if decision.allowed or decision.reason == "not-ready":
-            return Decision(object=workload)
-        return Decision(object=workload, warnings=[
-            f"{name}: the pod template is unchanged, so this update is allowed, but its pods will be denied: "
-            f"{decision.message}"])
-    if decision.reason == "not-ready":
-        # Controllers retry pod creation, and every pod is checked then; holding up the workload helps nobody.
-        return Decision(object=workload, warnings=[
-            f"{name}: the pod template could not be checked yet (hami-mt-webhook has not read the nodes' sGPU "
-            "capacities); its pods are checked when they are created"])
-    warnings = [f"{name}: {w}" for w in decision.warnings]
-    if not decision.allowed:
-        return Decision.deny(f"{name}: {decision.message}", decision.reason, decision.code, obj=workload,
-                             warnings=warnings)
-    return Decision(object=workload, warnings=warnings)

@@ -15,7 +15,7 @@ from typing import TextIO
 
 import orjson
 
-#: Extra fields the webhook's own log lines carry (see server._log).
+#: Extra fields the webhook's own log lines carry (see handler.log_decision).
 FIELDS = ("webhook", "kind", "namespace", "object", "uid", "dry_run", "reason", "warnings")
 FLUSH_SECONDS = 0.2
 
@@ -34,7 +34,7 @@ class JsonLines(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-class BatchedStreamHandler(logging.StreamHandler):
+class BatchedStreamHandler(logging.StreamHandler[TextIO]):
     """A StreamHandler that flushes on a timer rather than after every line.
 
     Errors and above are flushed at once: they may be the last thing a dying process says.

@@ -41,191 +41,37 @@ all slice pod creation. The watch state and the view's age are metrics for an al
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable
 
 import aiohttp
 import kopf
 import orjson
 
-from ..rules.capacity import ClusterView, NodeReport, report
-from ..rules.config import Config
-from .metrics import Metrics
+from .nodefeed import Expired, Feed, WatchError, batches
 
 logger = logging.getLogger("hami_mt_webhook")
 
 NODES = "/api/v1/nodes"
-INITIAL_EVENTS_END = "k8s.io/initial-events-end"
-#: The longest line (one Node) accepted from a watch; a real Node is about 16 KB.
-MAX_LINE = 8 * 1024 * 1024
 #: Nodes per page in list mode: a page is parsed on the loop, so keep it to a few milliseconds.
 PAGE_SIZE = 100
-#: Yield to the loop after this many lines even if more are already buffered.
-LINES_PER_TURN = 16
 BACKOFF_START, BACKOFF_MAX = 0.2, 2.0
 MODES = ("auto", "stream", "list")
-
-
-class WatchError(Exception):
-    """The API server refused or broke the watch; `status` is its HTTP status or Status code, if any."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Expired(WatchError):
-    """The resourceVersion to resume from is gone (410): the set must be built anew."""
-
-
-@dataclass
-class Build:
-    """A set of nodes being built from initial events or list pages, not yet visible to reviews."""
-
-    nodes: dict[str, NodeReport] = field(default_factory=dict)
-
-    def apply(self, kind: str, name: str, node: NodeReport | None) -> None:
-        if kind == "DELETED" or node is None:
-            self.nodes.pop(name, None)
-        else:
-            self.nodes[name] = node
-
-
-class NodeFeed:
-    """The pure part of the watch: events in, the view (and its readiness) kept up to date.
-
-    It holds the resourceVersion to resume from, and a `Build` while a complete set is arriving.
-    """
-
-    def __init__(self, view: ClusterView, config: Config, metrics: Metrics | None = None) -> None:
-        self.view, self.config, self.metrics = view, config, metrics
-        self.resource_version: str | None = None
-        self.build: Build | None = None
-        self.synced_at: float | None = None  # wall time the view was last known complete and current
-        self.noted: dict[str, int] = {}  # node -> the odd per-card capacity already logged for it (§2: once)
-
-    def start_build(self) -> None:
-        """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
-        self.build = Build()
-        self.resource_version = None
-        logger.info("node view: reading the complete node set (%s)", "first sync" if not self.view.ready
-                    else f"rebuild; {len(self.view)} sliced nodes keep answering meanwhile")
-
-    def line(self, raw: bytes) -> None:
-        """One watch event, as the API server sends it (a JSON object)."""
-        try:
-            event = orjson.loads(raw)
-            kind = event["type"]
-            obj = event["object"]
-            meta = obj.get("metadata") or {}
-        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-            raise WatchError(f"unreadable watch event ({err})") from None
-        if kind == "ERROR":
-            code = obj.get("code")
-            message = f"the watch ended with an error: {obj.get('message') or obj}"
-            if code == 410:
-                raise Expired(message, 410)
-            raise WatchError(message, code if isinstance(code, int) else None)
-        rv = meta.get("resourceVersion")
-        if kind == "BOOKMARK":
-            if self.build is not None and (meta.get("annotations") or {}).get(INITIAL_EVENTS_END) == "true":
-                self.finish_build(rv)
-            elif self.build is None and rv:
-                self.resource_version = rv
-            return
-        if kind not in ("ADDED", "MODIFIED", "DELETED"):
-            return
-        self.node(kind, obj)
-        if self.build is None and rv:
-            self.resource_version = rv
-
-    def node(self, kind: str, obj: dict[str, Any]) -> None:
-        """Apply one Node object: into the build while one is arriving, else straight into the view."""
-        name = str((obj.get("metadata") or {}).get("name") or "")
-        node = report(obj, self.config) if kind != "DELETED" else None
-        self._note(name, node)
-        if self.build is not None:
-            self.build.apply(kind, name, node)
-            return
-        if node is None:
-            self.view.remove(name)
-        else:
-            self.view.upsert(node)
-        if self.metrics is not None:
-            self.metrics.nodes.set(len(self.view))
-            self.metrics.nonstandard.set(self.view.nonstandard(self.config))
-            self.metrics.last_node_event.set(time.time())
-
-    def _note(self, name: str, node: NodeReport | None) -> None:
-        """Log a node whose per-card capacity is no known card size once, not on every event (§2)."""
-        if node is None or self.config.known_size(node.per_card):
-            self.noted.pop(name, None)
-            return
-        if self.noted.get(name) == node.per_card:
-            return
-        self.noted[name] = node.per_card
-        logger.warning("node %s: %s units of %s per sliced card is not a known card size (96, 160 or "
-                       "memoryPerCard): its report likely includes the vendor's overcommit_ratio; fills use it "
-                       "as reported", name, node.per_card, self.config.memory)
-
-    def finish_build(self, resource_version: str | None) -> None:
-        """The set is complete: it replaces the view whole, and the view is ready."""
-        assert self.build is not None
-        nodes, self.build = self.build.nodes, None
-        if self.noted:  # nodes deleted while the watch was away: forget them, so a new one of the name is logged
-            self.noted = {name: c for name, c in self.noted.items() if name in nodes}
-        self.view.replace(nodes)
-        del nodes
-        # The view lives until the next rebuild and holds no cycles: keep it (and everything loaded so
-        # far) out of the cyclic collector, whose full passes otherwise stop the loop for 40-60 ms.
-        gc.freeze()
-        self.resource_version = resource_version or None
-        first = not self.view.ready
-        self.view.ready = True
-        self.synced_at = time.time()
-        if self.metrics is not None:
-            self.metrics.ready.set(1)
-            self.metrics.nodes.set(len(self.view))
-            self.metrics.nonstandard.set(self.view.nonstandard(self.config))
-            self.metrics.last_node_event.set(self.synced_at)
-        logger.info("node view %s: %d sliced nodes", "synced" if first else "rebuilt", len(self.view))
-
-
-async def batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
-    """Split a watch stream into lines, at most LINES_PER_TURN at a time, without any line limit of
-    the reader (a Node can be large). The caller handles a batch between two turns of the loop."""
-    pending = b""
-    async for chunk in content.iter_any():
-        pending += chunk
-        if b"\n" not in chunk:
-            if len(pending) > MAX_LINE:
-                raise WatchError(f"a watch event is longer than {MAX_LINE} bytes")
-            continue
-        *complete, pending = pending.split(b"\n")
-        complete = [line for line in complete if line]
-        for i in range(0, len(complete), LINES_PER_TURN):
-            yield complete[i:i + LINES_PER_TURN]
-            await asyncio.sleep(0)
-    if pending.strip():
-        yield [pending]
-
 
 Login = Callable[[], kopf.ConnectionInfo | None]
 
 
 class NodeWatch:
-    """Keeps a `NodeFeed` connected to the API server until cancelled."""
+    """Keeps a `Feed` connected to the API server until cancelled: Nodes, or what `path` lists."""
 
-    def __init__(self, feed: NodeFeed, login: Login, *, mode: str = "auto", label_selector: str | None = None,
-                 watch_seconds: int = 300) -> None:
+    def __init__(self, feed: Feed, login: Login, *, mode: str = "auto", label_selector: str | None = None,
+                 watch_seconds: int = 300, path: str = NODES, what: str = "node watch") -> None:
         if mode not in MODES:
             raise ValueError(f"node watch mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.feed, self.login, self.mode = feed, login, mode
+        self.path, self.what = path, what
         self.label_selector = label_selector
         self.watch_seconds = watch_seconds
         self.connected = False
@@ -248,32 +94,32 @@ class NodeWatch:
         while True:
             info = self.login()
             if info is None:
-                raise kopf.LoginError("no kubeconfig and no service account to watch Nodes with")
+                raise kopf.LoginError(f"no kubeconfig and no service account for the {self.what}")
             try:
                 async with _session(info) as session:
                     if self.mode == "auto":
-                        self.mode = await _choose_mode(session, info.server)
+                        self.mode = await _choose_mode(session, info.server, self.what)
                     while True:
                         await self._once(session, info.server)
                         delay, self.failures = BACKOFF_START, 0  # a watch that ended cleanly: reconnect at once
             except asyncio.CancelledError:
                 raise
             except Expired as err:
-                logger.info("node watch: %s; building the node set anew", err)
+                logger.info("%s: %s; building the set anew", self.what, err)
                 self.feed.resource_version = None
                 delay = 0.0
             except (TimeoutError, WatchError, aiohttp.ClientError, OSError, ValueError) as err:
                 if isinstance(err, WatchError) and err.status == 422 and self.mode == "stream":
-                    logger.warning("node watch: the API server refuses streaming lists (%s); "
-                                   "using paged lists", err)
+                    logger.warning("%s: the API server refuses streaming lists (%s); using paged lists",
+                                   self.what, err)
                     self.mode = "list"
                     delay = 0.0
                 else:
                     self.failures += 1
                     # The first failure and then one a minute: an outage must not flood the log.
                     level = logging.WARNING if self.failures % 30 == 1 else logging.DEBUG
-                    logger.log(level, "node watch interrupted (%s: %s); retrying in %.1f s (failure %d in a row)",
-                               type(err).__name__, err, delay, self.failures)
+                    logger.log(level, "%s interrupted (%s: %s); retrying in %.1f s (failure %d in a row)",
+                               self.what, type(err).__name__, err, delay, self.failures)
             finally:
                 self.connected = False
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
@@ -299,7 +145,7 @@ class NodeWatch:
         else:
             params["resourceVersion"] = feed.resource_version
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.watch_seconds + 60)
-        async with session.get(server + NODES, params=params, timeout=timeout) as resp:
+        async with session.get(server + self.path, params=params, timeout=timeout) as resp:
             await _check(resp)
             self.connected, self.failures = True, 0
             if feed.build is None:
@@ -318,7 +164,7 @@ class NodeWatch:
         if self.label_selector:
             params["labelSelector"] = self.label_selector
         while True:
-            async with session.get(server + NODES, params=params) as resp:
+            async with session.get(server + self.path, params=params) as resp:
                 await _check(resp)
                 page = orjson.loads(await resp.read())
             for obj in page.get("items") or ():
@@ -339,7 +185,7 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
     raise cls(f"HTTP {resp.status} from {resp.url.path}: {text}", resp.status)
 
 
-async def _choose_mode(session: aiohttp.ClientSession, server: str) -> str:
+async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = "node watch") -> str:
     """Streaming lists from Kubernetes 1.27 on; paged lists before (they ignore sendInitialEvents)."""
     async with session.get(server + "/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
         await _check(resp)
@@ -350,7 +196,7 @@ async def _choose_mode(session: aiohttp.ClientSession, server: str) -> str:
     except ValueError:
         return "stream"
     mode = "stream" if (major, minor) >= (1, 27) else "list"
-    logger.info("node watch: Kubernetes %s.%s, %s", major, minor,
+    logger.info("%s: Kubernetes %s.%s, %s", what, major, minor,
                 "streaming list (WatchList)" if mode == "stream" else "paged list, then watch")
     return mode
 

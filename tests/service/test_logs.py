@@ -11,8 +11,8 @@ from pathlib import Path
 
 import aiohttp
 
-from hami_mt_webhook.rules.decision import Decision
-from hami_mt_webhook.service import server
+from hami_mt_webhook.rules.decision import Change, Decision
+from hami_mt_webhook.service.handler import log_decision
 from hami_mt_webhook.service.logs import JsonLines
 from tests.builders import MEMORY, VGPU, WHOLE, container, make_pod, review_body
 
@@ -104,8 +104,10 @@ def test_operating_md_names_the_fields_the_log_lines_have():
     level = logger.level
     logger.setLevel(logging.INFO)
     try:
-        server._log("mutate-pods", request, Decision.deny("no", "mixing"))
-        server._log("mutate-pods", request, Decision(patch=[{"op": "add"}], warnings=["w"], mutations=["snap"]))
+        log_decision("mutate-pods", request, Decision.deny("no", "mixing"))
+        patched = Decision(changes=[Change("add", ("spec", "schedulerName"), "hami-scheduler")], warnings=["w"],
+                           mutations=["snap"])
+        log_decision("mutate-pods", request, patched)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)

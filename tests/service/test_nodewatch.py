@@ -15,7 +15,7 @@ from devtools import fleet
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service.metrics import Metrics
-from hami_mt_webhook.service.nodewatch import (
+from hami_mt_webhook.service.nodefeed import (
     INITIAL_EVENTS_END,
     LINES_PER_TURN,
     MAX_LINE,

@@ -1,0 +1,79 @@
+"""The process: kopf keeps the lifecycle, `nodewatch` the node view; aiohttp answers reviews and probes.
+
+kopf logs in, handles signals and runs the webhook server it is given (`settings.admission.server`);
+the node view is fed by its own streaming watch beside it (`nodewatch` says why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+from typing import Any
+
+import aiohttp.web
+import kopf
+
+from . import nodewatch, quotawatch
+from .nodefeed import NodeFeed
+from .probes import health_app
+from .server import AdmissionServer
+from .state import State
+
+logger = logging.getLogger("hami_mt_webhook")
+
+
+def register(registry: kopf.OperatorRegistry, state: State) -> None:
+    """kopf's part: the login (for its own API discovery); Nodes are watched by `nodewatch`."""
+
+    @kopf.on.login(id="login", registry=registry)
+    def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
+        return nodewatch.login(settings)
+
+
+async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
+              metrics_port: int | None, node_watch: str = "auto", node_selector: str | None = None) -> None:
+    """Run kopf (login, webhook server, signals) with the node and quota watches and the probe and metrics
+    listeners."""
+    gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
+    registry = kopf.OperatorRegistry()
+    register(registry, state)
+    settings = kopf.OperatorSettings()
+    settings.admission.server = server
+    settings.admission.managed = None  # the webhook configurations are static manifests
+    settings.posting.enabled = False
+    settings.scanning.disabled = True
+    settings.peering.standalone = True
+    feed = NodeFeed(state.view, state.config, state.metrics)
+    watch = nodewatch.NodeWatch(feed, lambda: nodewatch.login(settings), mode=node_watch,
+                                label_selector=node_selector)
+    watcher = asyncio.create_task(_keep_watching(watch), name="node watch")
+    quotas = quotawatch.quota_watch(state.quotas, state.config, lambda: nodewatch.login(settings),
+                                    mode=node_watch)
+    quota_watcher = asyncio.create_task(_keep_watching(quotas), name="quota watch")
+    runners = []
+    try:
+        runner = aiohttp.web.AppRunner(health_app(state), access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        await aiohttp.web.TCPSite(runner, health_addr, health_port).start()
+        if metrics_port and metrics_port != health_port:
+            await aiohttp.web.TCPSite(runner, health_addr, metrics_port).start()
+        await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True)
+    finally:
+        watcher.cancel()
+        quota_watcher.cancel()
+        for runner in runners:
+            await runner.cleanup()
+
+
+async def _keep_watching(watch: nodewatch.NodeWatch) -> None:
+    """The watch retries API errors itself; this restarts it after anything else, so the view never freezes."""
+    while True:
+        try:
+            await watch.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("the %s failed; restarting it in 1 s", watch.what)
+            await asyncio.sleep(1.0)
