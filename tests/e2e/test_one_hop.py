@@ -370,9 +370,11 @@ def test_get_then_apply_and_recreating_from_the_output_keep_the_record(controlpl
         first["metadata"]["annotations"][RECORD]
     manifest = yaml.safe_load(out)
     manifest.pop("status", None)
+    manifest["spec"].pop("nodeName", None)  # the scheduler's binding; a new pod must not carry it (SPEC 4.3)
     manifest["metadata"] = {k: v for k, v in manifest["metadata"].items()
                             if k in ("name", "namespace", "labels", "annotations")}
-    controlplane.kubectl("delete", "pod", "-n", ns, "again", "--wait=false")
+    # A bound pod waits for a kubelet to confirm its deletion, and there is none: remove it at once.
+    controlplane.kubectl("delete", "pod", "-n", ns, "again", "--grace-period=0", "--force")
     while exists(controlplane, ns, "again"):
         threading.Event().wait(0.1)
     before = validations(webhook)
