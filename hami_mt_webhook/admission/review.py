@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -15,6 +17,7 @@ from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
 from ..rules.text import quote
+from . import enforcement
 
 #: A pod rule: the pod being created in, the decision out.
 Rule = Callable[[Any, ClusterView, Config], Decision]
@@ -87,7 +90,7 @@ def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) 
     if kind not in workloads.TEMPLATES:
         return Decision()
     old = request.get("oldObject") if operation == "UPDATE" else None
-    return workloads.check(obj, kind, view, config, old=old)
+    return enforcement.soften(workloads.check(obj, kind, view, config, old=old), config)
 
 
 def decide_validate(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
@@ -97,8 +100,8 @@ def decide_validate(request: dict[str, Any], view: ClusterView, config: Config) 
         obj = request.get("object")
         if obj is None:
             return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
-        return rules.ephemeral(obj, request.get("oldObject"), config)
-    return decide(request, rules.validate, view, config)
+        return enforcement.soften(rules.ephemeral(obj, request.get("oldObject"), config), config)
+    return decide(request, enforcement.validate, view, config)
 
 
 def _kind(request: dict[str, Any]) -> Any:
@@ -117,10 +120,28 @@ def _pods(rule: Rule) -> Handler:
 
 #: Handler ids; the webhook configurations call https://<service>/<id>.
 WEBHOOKS: dict[str, Handler] = {
-    "mutate-pods": _pods(rules.mutate),
+    "mutate-pods": _pods(enforcement.mutate),
     "validate-pods": decide_validate,
     "validate-workloads": decide_workload,
 }
+
+
+#: Paths under this prefix (`/warn/mutate-pods`, ...) answer under `warn` whatever the server's enforcement: the
+#: webhook configurations send them the requests of namespaces labelled `hami.io/enforcement: warn` (§4.10).
+WARN_PREFIX = "warn/"
+
+
+def route(webhook: str, config: Config) -> tuple[str, Config]:
+    """The handler id a path names, and the settings to answer it with."""
+    if webhook.startswith(WARN_PREFIX):
+        return webhook[len(WARN_PREFIX):], warned(config)
+    return webhook, config
+
+
+@lru_cache(maxsize=8)
+def warned(config: Config) -> Config:
+    """`config` under `warn`; cached, as it is asked for on every review of a namespace in warn."""
+    return config if config.enforcement == enforcement.WARN else dataclasses.replace(config, enforcement="warn")
 
 
 def respond(uid: str, decision: Decision, api_version: Any = None) -> dict[str, Any]:
@@ -151,7 +172,7 @@ class Reply:
 def handle(body: bytes, webhook: str, view: ClusterView, config: Config) -> Reply:
     """The HTTP seam: status code and body for a POST to /<webhook>."""
     try:
-        review = parse(body) if webhook in WEBHOOKS else {}
+        review = parse(body) if route(webhook, config)[0] in WEBHOOKS else {}
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
     return handle_parsed(review, webhook, view, config)
@@ -159,6 +180,7 @@ def handle(body: bytes, webhook: str, view: ClusterView, config: Config) -> Repl
 
 def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config) -> Reply:
     """`handle` for a body already decoded with `parse` (the server decodes large bodies in a thread)."""
+    webhook, config = route(webhook, config)
     handler = WEBHOOKS.get(webhook)
     if handler is None:
         return Reply(404, orjson.dumps({"error": f"no webhook {quote(webhook)}; known: {', '.join(WEBHOOKS)}"}))
@@ -171,7 +193,7 @@ def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, confi
 
 
 #: What the API server does with both pod webhooks: mutate, then validate the patched pod.
-admit = rules.admit
+admit = enforcement.admit
 
 
 def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> tuple[dict[str, Any], Decision]:
@@ -184,11 +206,9 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> t
     if request.get("subResource") == EPHEMERAL:
         decision = decide_validate(request, view, config)
         return respond(uid, decision, review.get("apiVersion")), decision
-    mutated = decide(request, rules.mutate, view, config)
+    mutated = decide(request, enforcement.mutate, view, config)
     final = mutated
     if mutated.allowed and mutated.object is not None:
-        checked = decide({**request, "object": mutated.object}, rules.validate, view, config)
-        if not checked.allowed:
-            checked.warnings = mutated.warnings + checked.warnings
-            final = checked
+        final = enforcement.merge(mutated, decide({**request, "object": mutated.object}, enforcement.validate,
+                                                  view, config))
     return respond(uid, final, review.get("apiVersion")), final

@@ -41,6 +41,10 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
                        help="opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
                             "writes it (key[=value]:effect); slice pods get a toleration for it "
                             "[HAMI_MT_SLICED_NODE_TAINT; none]")
+    group.add_argument("--enforcement", dest="enforcement", choices=["deny", "warn"],
+                       help="deny, or warn for a gradual rollout: every denial of the rules becomes a warning "
+                            "'would deny: ...', counted in hami_mt_webhook_would_deny_total; a namespace labelled "
+                            "hami.io/enforcement: warn gets warn under deny [HAMI_MT_ENFORCEMENT; deny]")
 
 
 def _load_config(args: argparse.Namespace) -> Config:

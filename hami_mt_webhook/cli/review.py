@@ -16,7 +16,7 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from ..admission import review
+from ..admission import enforcement, review
 from ..rules import workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
@@ -121,7 +121,7 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
         return out, decision.allowed
     kind = item.doc.get("kind")
     if kind in workloads.TEMPLATES:  # what validate-workloads answers when the workload is created
-        decision = workloads.check(item.doc, kind, view, config)
+        decision = enforcement.soften(workloads.check(item.doc, kind, view, config), config)
     else:
         decision = review.admit(item.doc, view, config)
     return summary(item.doc, decision), decision.allowed

@@ -101,6 +101,7 @@ class Decision:
     patch: list[dict[str, Any]] = field(default_factory=list)
     object: Any = None  # the pod after the patch
     mutations: list[str] = field(default_factory=list)  # kinds of change: exclusive, snap, vendor-form, ...
+    would_deny: list[str] = field(default_factory=list)  # reasons of denials turned into warnings (SPEC.md §4.10)
 
     @classmethod
     def deny(cls, message: str, reason: str, code: int = 403, obj: Any = None,
