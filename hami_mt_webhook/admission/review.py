@@ -86,8 +86,8 @@ def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) 
     obj = request.get("object")
     if obj is None:
         return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
-    kind = _kind(request)
-    if kind not in workloads.TEMPLATES:
+    kind = _workload_kind(request)
+    if kind is None:
         return Decision()
     old = request.get("oldObject") if operation == "UPDATE" else None
     return enforcement.soften(workloads.check(obj, kind, view, config, old=old), config)
@@ -110,6 +110,15 @@ def _kind(request: dict[str, Any]) -> Any:
     name = kind.get("kind") if isinstance(kind, dict) else None
     obj = request.get("object")
     return obj.get("kind") if name is None and isinstance(obj, dict) else name
+
+
+def _workload_kind(request: dict[str, Any]) -> workloads.Kind | None:
+    """The workload table's entry for the request: by `request.kind`'s group and kind, else by the object's."""
+    kind = request.get("kind")
+    if isinstance(kind, dict) and isinstance(kind.get("kind"), str):
+        group = kind.get("group")
+        return workloads.find(kind["kind"], group if isinstance(group, str) else "")
+    return workloads.of(request.get("object"))
 
 
 def _pods(rule: Rule) -> Handler:
@@ -200,7 +209,7 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config) -> t
     """The server's answer to an AdmissionReview: for a pod both webhooks (the mutating answer, or the
     validating denial of its result); for a workload, validate-workloads."""
     request, uid = request_of(review)
-    if _kind(request) in workloads.TEMPLATES:
+    if _workload_kind(request) is not None:
         decision = decide_workload(request, view, config)
         return respond(uid, decision, review.get("apiVersion")), decision
     if request.get("subResource") == EPHEMERAL:

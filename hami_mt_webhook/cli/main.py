@@ -111,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
                         description="Run the mutating and then the validating rules on pods from files, and on the "
                                     "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
-                                    "ReplicationControllers, Jobs and CronJobs. Objects of other kinds are listed "
+                                    "ReplicationControllers, Jobs and CronJobs, and of training jobs (Kubeflow "
+                                    "PyTorchJob and MPIJob, Ray RayJob and RayCluster, LeaderWorkerSet, JobSet, "
+                                    "Volcano Job). Objects of other kinds are listed "
                                     "as skipped. Exit 0: all judged objects allowed; 1: any denied; 2: bad input "
                                     "(or, with --strict, a skipped kind).")
     rv.add_argument("-f", "--filename", action="append", required=True, dest="files",

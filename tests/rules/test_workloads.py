@@ -19,7 +19,7 @@ from hami_mt_webhook.rules.config import Config
 from tests.builders import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, container, nodes_view
 
 CONFIG = Config()
-KINDS = sorted(workloads.TEMPLATES)
+KINDS = sorted(k.kind for k in workloads.KINDS if k.builtin)
 
 
 def template_spec(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
@@ -29,7 +29,8 @@ def template_spec(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
 def workload(kind: str, spec: dict[str, Any], name: str = "train", namespace: str | None = "ml",
              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A workload of `kind` as a user writes it: the pod template where that kind keeps it, nothing defaulted."""
-    group, path = workloads.TEMPLATES[kind]
+    entry = workloads.find(kind)
+    group, path = entry.group, entry.paths[0].split(".")
     meta: dict[str, Any] = {"labels": {"app": name, **(labels or {})}}
     if annotations:
         meta["annotations"] = annotations
@@ -46,7 +47,8 @@ def request(obj: Any, operation: str = "CREATE", old: Any = None, kind: str | No
             sub_resource: str | None = None) -> dict[str, Any]:
     """An AdmissionReview for validate-workloads, shaped like kube-apiserver's."""
     kind = kind or obj["kind"]
-    group = workloads.TEMPLATES[kind][0] if kind in workloads.TEMPLATES else ""
+    entry = workloads.find(kind)
+    group = entry.group if entry else ""
     req: dict[str, Any] = {
         "uid": "4f1c7a2e-0000-4000-8000-000000000001",
         "kind": {"group": group, "version": "v1", "kind": kind},
