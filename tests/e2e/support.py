@@ -6,6 +6,8 @@ import json
 import os
 import re
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,15 @@ def metric(hook: Any, name: str, /, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> None:
+    """Poll `check` until it is true; the API server applies some changes (registrations, labels) from caches."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
 
 
 def processes_mentioning(path: Path) -> list[int]:
