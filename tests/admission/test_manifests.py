@@ -18,6 +18,7 @@ import yaml
 
 from devtools import manifests
 from hami_mt_webhook.admission import review
+from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.rules import workloads
 
 NS = "hami-mt-webhook"
@@ -795,3 +796,18 @@ def test_training_condition_skips_templates_without_slices(docs, cel: Any, kind:
                                  {"spec": {"leaderWorkerTemplate": {}}}, {"spec": {"tasks": []}}])
 def test_training_condition_guards_every_step(docs, cel: Any, obj: dict[str, Any]) -> None:
     assert cel.evaluate(workload_condition(docs, 1), {"object": obj}) is False
+
+
+@needs_kubectl
+def test_warn_component_renders_cluster_wide_rollout_mode(tmp_path: Path) -> None:
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../base/components/warn]\n")
+    rendered = kustomize(tmp_path / "overlay")
+    (container,) = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-2:] == ["--enforcement", "warn"]
+    assert cli.build_parser().parse_args(container["command"][1:]).enforcement == "warn"
+    bindings = {d["metadata"]["name"]: d["spec"]["validationActions"] for d in rendered
+                if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert bindings == {"hami-mt-backstop": ["Warn", "Audit"], "hami-mt-backstop-warn": ["Warn", "Audit"]}
