@@ -21,7 +21,7 @@ import yaml
 
 from devtools.controlplane import ControlPlane
 
-from .support import IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply
+from .support import EXAMPLES, IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, check_example, custom, wait_for
 
 NS = "e2e-training"
 DENIED = 'admission webhook "validate-training.hami-mt.mthreads.com" denied the request: '
@@ -72,8 +72,11 @@ def crds(name: str) -> list[dict[str, Any]]:
 def install(cp: ControlPlane, docs: list[dict[str, Any]]) -> None:
     """Server-side apply: these CRDs are larger than the client-side apply annotation may be."""
     cp.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=yaml.safe_dump_all(docs), timeout=120)
-    for doc in docs:
-        cp.kubectl("wait", "--for=condition=established", "--timeout=60s", f"crd/{doc['metadata']['name']}")
+    jsonpath = '-o=jsonpath={.status.conditions[?(@.type=="Established")].status}'
+    for doc in docs:  # `kubectl wait` fails on a CRD whose status has no conditions yet
+        name = doc["metadata"]["name"]
+        wait_for(f"CRD {name} established",
+                 lambda name=name: cp.kubectl("get", "crd", name, jsonpath, check=False).stdout == "True", 60)
 
 
 @pytest.fixture(scope="module")
@@ -195,3 +198,11 @@ def test_a_volcano_job_on_volcano_gets_the_other_scheduler_warning(installed):
     r = apply(installed, NS, copy.deepcopy(obj), "--dry-run=server")
     assert r.returncode == 0, r.stderr
     assert "Warning: Job \"on-volcano\": spec.tasks[0].template: pod names scheduler 'volcano'" in r.stderr
+
+
+def test_training_examples_print_what_review_prints(installed):
+    """As tests/e2e/test_workloads.py does for the other examples: the cluster says what `review` says."""
+    found = sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.stem != "nodes" and custom(p))
+    assert found
+    for example in found:
+        check_example(installed, NS, example)
