@@ -312,7 +312,7 @@ class TestLifecycle:
             (d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(
                 helm("get", "manifest", RELEASE, "-n", NS, kubeconfig=cluster.kubeconfig).stdout) if d}
         urls = [w["clientConfig"]["url"] for kind, name in CONFIGS for w in get(cluster, kind, name)["webhooks"]]
-        assert len(urls) == 3 and all(u.startswith(local_hook.url) for u in urls)
+        assert len(urls) == 8 and all(u.startswith(local_hook.url) for u in urls)
         admitted = create(cluster, pod("sliced", {"mthreads.com/vgpu": 1}))
         assert admitted.returncode == 0, admitted.stderr
         spec = json.loads(admitted.stdout)["spec"]
