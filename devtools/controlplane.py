@@ -12,14 +12,11 @@ from __future__ import annotations
 import argparse
 import base64
 import collections
-import contextlib
-import ctypes
 import json
 import os
 import re
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -37,6 +34,11 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+# Ports, child processes and cleanup: devtools.procs, shared with `make run` and the benchmark.
+from devtools.procs import cleanup as _cleanup
+from devtools.procs import free_ports as _free_ports
+from devtools.procs import spawn as _spawn
+from devtools.procs import tail as _tail
 from hami_mt_webhook.service import certs
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -101,95 +103,6 @@ def _check_binaries(path: Path, source: str) -> Path:
     if missing:
         raise ControlPlaneError(f"{source} names {path}, which lacks executable {', '.join(missing)}")
     return path
-
-
-# --- processes ----------------------------------------------------------------------------------------
-
-
-def _free_ports(n: int) -> list[int]:
-    """`n` distinct loopback ports the kernel considers free now (held together so they differ)."""
-    socks = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
-def _die_with_parent() -> Any:
-    """A preexec function asking Linux to SIGKILL the child when we die, even by SIGKILL.
-
-    atexit and finalizers cover every ending but SIGKILL and a crash; this covers those, so a test
-    run killed by a timeout does not leave an apiserver holding ports. SIGKILL, not SIGTERM: both
-    children would get it at once, and an apiserver shutting down gracefully while etcd vanishes
-    hangs for minutes retrying etcd. Linux ties the signal to the thread that started the child:
-    start the control plane from a thread that outlives it (the main one).
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    pr_set_pdeathsig = 1
-
-    def preexec() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-def _spawn(cmd: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a child in its own session (no terminal signals reach it) with output in `log`."""
-    with open(log, "ab") as fh:
-        return subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=_die_with_parent())
-
-
-def _terminate(proc: subprocess.Popen[bytes], grace: float = STOP_GRACE_S) -> None:
-    """SIGTERM the child's process group, SIGKILL it after `grace` seconds, and reap it.
-
-    Only while the child is unreaped: after that its pid, and so its group id, may belong to someone else.
-    """
-    if proc.poll() is not None:
-        return
-    _signal_group(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        _signal_group(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
-
-
-def _cleanup(procs: list[subprocess.Popen[bytes]], workdir: Path | None) -> None:
-    """Stop children newest first (apiserver before etcd), then remove the work dir.
-
-    Runs from `stop()`, from a garbage-collected instance, or at interpreter exit, whichever is first.
-    """
-    while procs:
-        _terminate(procs.pop())
-    if workdir is not None:
-        shutil.rmtree(workdir, ignore_errors=True)
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        with path.open(errors="replace") as fh:
-            return "".join(collections.deque(fh, maxlen=lines))
-    except OSError:
-        return ""
 
 
 # --- the control plane --------------------------------------------------------------------------------

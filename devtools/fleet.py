@@ -2,8 +2,8 @@
 
 The scale benchmark and the node-view tests need thousands of Nodes that cost what real ones cost:
 about 16 KB each as the API returns them (13 labels, 5 conditions, 40 images, nodeInfo, a taint,
-kubelet's managed fields), two thirds S5000 with eight 160-unit cards and one third S4000 with one
-96-unit card. They are created the way kubelet does it: the Node, then its status subresource.
+kubelet's managed fields), two thirds S5000 and one third S4000 (the models of devtools.cluster).
+They are created the way kubelet does it: the Node, then its status subresource.
 """
 
 from __future__ import annotations
@@ -18,12 +18,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from hami_mt_webhook.rules.config import CORES_PER_CARD
+from devtools.cluster import S4000, S5000, ZONES, Model
 
-VGPU, MEMORY, CORE, WHOLE = ("mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core",
-                             "mthreads.com/gpu")
-MODELS = {"S5000": ("MTT-S5000", 8, 160), "S4000": ("MTT-S4000", 1, 96)}
-ZONES = ("cn-north-1a", "cn-north-1b", "cn-north-1c")
 CONDITIONS = (("MemoryPressure", "False", "KubeletHasSufficientMemory"),
               ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
               ("PIDPressure", "False", "KubeletHasSufficientPID"),
@@ -34,13 +30,13 @@ IMAGES = ("musa-runtime", "pytorch-musa", "vllm-musa", "triton-musa", "mt-device
           "nccl-tests", "mccl-tests", "jupyter-musa", "ray-musa", "deepspeed-musa", "megatron-musa", "mpi-operator")
 
 
-def model_of(i: int) -> str:
+def model_of(i: int) -> Model:
     """Two thirds S5000, one third S4000."""
-    return "S4000" if i % 3 == 2 else "S5000"
+    return S4000 if i % 3 == 2 else S5000
 
 
 def name_of(i: int) -> str:
-    return f"gpu-{model_of(i).lower()}-{i:05d}"
+    return f"gpu-{model_of(i).name.lower()}-{i:05d}"
 
 
 def _digest(*parts: object) -> str:
@@ -50,7 +46,7 @@ def _digest(*parts: object) -> str:
 def node(i: int, *, heartbeat: str = "2026-12-01T08:00:00Z") -> dict[str, Any]:
     """Node number `i` of the fleet, as kubelet registers it (metadata and spec, then status)."""
     model = model_of(i)
-    product, cards, per_card = MODELS[model]
+    cards = model.cards
     name = name_of(i)
     zone = ZONES[i % len(ZONES)]
     images = []
@@ -59,23 +55,16 @@ def node(i: int, *, heartbeat: str = "2026-12-01T08:00:00Z") -> dict[str, Any]:
         tag = f"v{1 + k // len(IMAGES)}.{(i + k) % 7}.{k % 5}"
         images.append({"names": [f"{repo}@sha256:{_digest(repo, tag)}", f"{repo}:{tag}"],
                        "sizeBytes": 50_000_000 + 7_919 * k * (1 + i % 13)})
-    capacity = {"cpu": "128" if cards > 1 else "64", "memory": "1056887436Ki" if cards > 1 else "528443718Ki",
+    capacity = {"cpu": model.cpu, "memory": "1056887436Ki" if cards > 1 else "528443718Ki",  # kubelet counts KiB
                 "pods": "110", "ephemeral-storage": "3843516548Ki", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
-                WHOLE: str(cards), CORE: str(CORES_PER_CARD * cards), MEMORY: str(per_card * cards)}
+                **model.capacity()}
     allocatable = {**capacity, "cpu": "127500m" if cards > 1 else "63500m",
                    "memory": "1056270000Ki" if cards > 1 else "527800000Ki"}
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {
             "name": name,
-            "labels": {
-                "beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux", "kubernetes.io/hostname": name,
-                "node.kubernetes.io/instance-type": f"mtt-{model.lower()}-x{cards}",
-                "topology.kubernetes.io/region": "cn-north", "topology.kubernetes.io/zone": zone,
-                "mthreads.com/gpu-node": "true", "mthreads.com/gpu.product": product,
-                "mthreads.com/gpu.count": str(cards), "mthreads.com/driver-version": "3.1.0",
-                "node-role.kubernetes.io/gpu": ""},
+            "labels": {**model.datacenter_labels(name, zone), "node-role.kubernetes.io/gpu": ""},
             "annotations": {
                 "node.alpha.kubernetes.io/ttl": "0",
                 "volumes.kubernetes.io/controller-managed-attach-detach": "true",
@@ -110,6 +99,13 @@ def conditions(heartbeat: str) -> list[dict[str, str]]:
 
 def now() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def admin_context(cp: Any) -> ssl.SSLContext:
+    """TLS to a devtools.controlplane.ControlPlane as its admin: its CA, the admin client certificate."""
+    ctx = ssl.create_default_context(cafile=str(cp.ca_file))
+    ctx.load_cert_chain(str(cp.workdir / "admin.crt"), str(cp.workdir / "admin.key"))
+    return ctx
 
 
 def session(server: str, context: ssl.SSLContext, connections: int = 32) -> aiohttp.ClientSession:

@@ -223,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     body = b""
     if a.kind in ("big", "slow-read"):
-        from devtools.bench.main import pod, review_body
+        from devtools.bench.workload import pod, review_body
 
         obj = pod("slice")
         if a.kind == "big":

@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,19 +22,12 @@ from typing import Any, TextIO
 
 import yaml
 
-from devtools import manifests
-from devtools.controlplane import ControlPlane, _die_with_parent
+from devtools import cluster, manifests, procs
+from devtools.controlplane import ControlPlane
 from hami_mt_webhook.service import certs
 
 NAMESPACE = "hami-mt-webhook"
 SERVICE_ACCOUNT = "hami-mt-webhook"
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
@@ -52,12 +44,8 @@ def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def example_nodes() -> list[dict[str, Any]]:
-    """The example S4000 and S5000 nodes, and a node with whole cards only."""
-    listed = yaml.safe_load((EXAMPLES / "nodes.yaml").read_text())["items"]
-    whole = {"metadata": {"name": "whole-card-node", "labels": {"mthreads.com/gpu.product": "MTT-S4000",
-                                                                 "kubernetes.io/hostname": "whole-card-node"}},
-             "status": {"capacity": {"cpu": "32", "memory": "256Gi", "pods": "110", "mthreads.com/gpu": "8"}}}
-    return [*listed, whole]
+    """The example S4000 and S5000 nodes (examples/nodes.yaml), and a node with whole cards only."""
+    return [*cluster.example_nodes(), cluster.whole_card_node()]
 
 
 class LocalWebhook:
@@ -69,9 +57,8 @@ class LocalWebhook:
         self.cp = cp
         self.api_server = api_server or cp.server  # where it watches Nodes (a test may put a proxy between)
         self.workdir = Path(workdir)
-        self.port = port or free_port()
-        self.health_port = free_port()
-        self.metrics_port = free_port()
+        self.port, self.health_port, self.metrics_port = procs.free_ports(3)
+        self.port = port or self.port
         self.extra_args = list(extra_args)
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -99,8 +86,11 @@ class LocalWebhook:
         }
         certs.write_atomic(self.kubeconfig, yaml.safe_dump(config).encode(), 0o600)
 
+    #: How `serve` starts: this interpreter's package by default; the e2e tier sets the installed wheel's command.
+    command_prefix: tuple[str, ...] = (sys.executable, "-m", "hami_mt_webhook")
+
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "hami_mt_webhook.cli", "serve", "--listen", "127.0.0.1",
+        return [*self.command_prefix, "serve", "--listen", "127.0.0.1",
                 "--port", str(self.port), "--health-listen", "127.0.0.1", "--health-port", str(self.health_port),
                 "--metrics-port", str(self.metrics_port), "--cert-file", str(self.certs.tls_cert),
                 "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]
@@ -108,10 +98,8 @@ class LocalWebhook:
     def start(self, timeout: float = 60.0, wait_ready: bool = True) -> None:
         """Start the process and wait until /readyz says the node view is synced (or only /livez)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
-        with open(self.log, "ab") as log:
-            # Dies with us, even by SIGKILL, like the control plane's processes: never left retrying its watch.
-            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True, preexec_fn=_die_with_parent())
+        # Dies with us, even by SIGKILL, like the control plane's processes: never left retrying its watch.
+        self.proc = procs.spawn(self.command(), self.log, env=env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -141,20 +129,10 @@ class LocalWebhook:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:
         """Stop the process; returns its exit code (SIGKILL after `timeout`)."""
-        if self.proc is None or self.proc.poll() is not None:
-            return self.proc.returncode if self.proc else None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait()
+        return procs.terminate(self.proc, timeout, sig) if self.proc is not None else None
 
     def tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        return procs.tail(self.log, lines).rstrip("\n")
 
 
 #: Signals that end `make run`: Ctrl-C, `kill`, and a closed terminal.

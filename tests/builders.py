@@ -10,19 +10,21 @@ from typing import Any
 
 import jsonpatch
 
-from hami_mt_webhook.rules.capacity import ClusterView, NodeReport
+from devtools import cluster
+from hami_mt_webhook.rules.capacity import ClusterView
 
 VGPU = "mthreads.com/vgpu"
 MEMORY = "mthreads.com/sgpu-memory"
 CORE = "mthreads.com/sgpu-core"
 WHOLE = "mthreads.com/gpu"
 SCHEDULER = "hami-scheduler"
-PRODUCT = "mthreads.com/gpu.product"
+PRODUCT = cluster.PRODUCT
 
-S4000 = NodeReport("s4000-node", {PRODUCT: "MTT-S4000", "kubernetes.io/hostname": "s4000-node"}, cards=1, per_card=96)
-S5000 = NodeReport("s5000-node", {PRODUCT: "MTT-S5000", "kubernetes.io/hostname": "s5000-node"}, cards=8, per_card=160)
-ON_S4000 = {PRODUCT: "MTT-S4000"}
-ON_S5000 = {PRODUCT: "MTT-S5000"}
+#: The nodes of examples/nodes.yaml, as the rules read them.
+S4000 = cluster.S4000.report("s4000-node")
+S5000 = cluster.S5000.report("s5000-node")
+ON_S4000 = cluster.S4000.selector
+ON_S5000 = cluster.S5000.selector
 
 
 def nodes_view() -> ClusterView:

@@ -1,7 +1,7 @@
-"""`python -m devtools.bench`: see devtools/bench/main.py."""
+"""`python -m devtools.bench`: see devtools/bench/cli.py."""
 
 import sys
 
-from .main import main
+from .cli import main
 
 sys.exit(main())

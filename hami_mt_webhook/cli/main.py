@@ -1,9 +1,8 @@
-"""hami-mt-webhook: serve | review | certs."""
+"""hami-mt-webhook: serve | review | doctor | certs."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
@@ -130,6 +129,23 @@ def build_parser() -> argparse.ArgumentParser:
                          "instead of being skipped")
     _config_flags(rv)
 
+    dr = sub.add_parser("doctor", help="check a live cluster, read-only: one line per finding, with what to do",
+                        description="Read the cluster of the kubeconfig (or the pod's service account) and report "
+                                    "what needs action: the vendor's scheduler and webhook still installed, HAMi's "
+                                    "own webhook, pods no scheduler answers, node card reports, this webhook's "
+                                    "registration and certificate, replicas and PodDisruptionBudget, quotas HAMi-"
+                                    "style, and slice pods outside HAMi. Changes nothing. Exit 0: nothing to act "
+                                    "on; 1: findings; 2: doctor cannot run (unreachable, no credentials, no "
+                                    "permission). Give the webhook's own rule settings (docs/day-2.md).")
+    dr.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
+                    help="kubeconfig of the cluster [KUBECONFIG; ~/.kube/config, or in-cluster]")
+    dr.add_argument("-o", "--output", choices=["text", "json"], default="text",
+                    help="json: one JSON object per finding, one per line")
+    dr.add_argument("--pending-minutes", type=float, default=5.0,
+                    help="a pod that no scheduler has tried to place for this long means nothing answers to its "
+                         "scheduler name [5]")
+    _config_flags(dr)
+
     ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
                         description="Write ca.crt/ca.key, ca-bundle.crt and tls.crt/tls.key into --dir (kept if "
                                     "present), and the webhook configurations with the CA bundle filled in.")
@@ -163,10 +179,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .review import run_review
             return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict,
                               verbose=args.verbose)
+        if args.command == "doctor":
+            from .doctor import run_doctor
+            if args.pending_minutes < 0:
+                raise ValueError(f"--pending-minutes must not be negative, got {args.pending_minutes:g}")
+            return run_doctor(args.kubeconfig, _load_config(args), args.output, args.pending_minutes)
         if args.command == "certs":
             return _certs(args)
     except ValueError as err:  # bad settings: one clear line
         print(f"hami-mt-webhook: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file or port the command needs: one clear line, not a traceback
+        print(f"hami-mt-webhook: {err.strerror or err}: {err.filename or ''}".rstrip(": "), file=sys.stderr)
         return 2
     parser.error(f"unknown command {args.command}")
     return 2
@@ -191,14 +215,11 @@ def _serve(args: argparse.Namespace) -> int:
     webhook = server.AdmissionServer(state, addr=args.listen, port=args.port, certfile=args.cert_file,
                                      pkeyfile=args.key_file, client_ca=args.client_ca,
                                      reload_interval=args.reload_interval, limits=limits)
-    try:
-        import uvloop
-        runner = uvloop.run
-    except ImportError:  # pragma: no cover
-        runner = asyncio.run
-    runner(app.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
-                      metrics_port=args.metrics_port, node_watch=args.node_watch,
-                      node_selector=args.node_selector))
+    import uvloop  # a dependency: the listener's figures in docs/PERFORMANCE.md are taken on it
+
+    uvloop.run(app.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
+                       metrics_port=args.metrics_port, node_watch=args.node_watch,
+                       node_selector=args.node_selector))
     return 0
 
 

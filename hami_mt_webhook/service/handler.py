@@ -102,8 +102,8 @@ class ReviewHandler:
 
 def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> None:
     """One structured line per denial and per mutation; allowed no-ops stay silent."""
-    obj = request.get("object") if isinstance(request.get("object"), dict) else {}
-    meta = obj.get("metadata") if isinstance(obj.get("metadata"), dict) else {}
+    obj = _mapping(request.get("object"))
+    meta = _mapping(obj.get("metadata"))
     kind = request.get("kind")
     extra = {"webhook": webhook, "namespace": _clipped(request.get("namespace") or meta.get("namespace")),
              "kind": _clipped(kind.get("kind")) if isinstance(kind, dict) else None,
@@ -117,6 +117,11 @@ def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> N
         logger.info("%s", "; ".join(shown), extra={**extra, "reason": ",".join(decision.would_deny)})
     if decision.patch:
         logger.info("mutated: %s", ", ".join(decision.mutations), extra={**extra, "warnings": decision.warnings})
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    """A field that should be an object; anything else a client sent reads as empty."""
+    return value if isinstance(value, dict) else {}
 
 
 def _clipped(value: Any) -> Any:

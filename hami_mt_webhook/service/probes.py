@@ -9,12 +9,16 @@ from .state import State
 
 def health_app(state: State) -> aiohttp.web.Application:
     """/readyz is ready once the node view has been synced (and stays so while the watch reconnects: see
-    `nodewatch`); /livez only says the event loop answers; /metrics is Prometheus text."""
+    `nodewatch`) and the webhook port listens; kopf starts the server after the view may already be synced,
+    and a draining server must leave the Service's endpoints. /livez only says the event loop answers;
+    /metrics is Prometheus text."""
 
     async def readyz(_: aiohttp.web.Request) -> aiohttp.web.Response:
-        if state.view.ready:
-            return aiohttp.web.Response(text=f"ready: {len(state.view)} sliced nodes\n")
-        return aiohttp.web.Response(status=503, text="not ready: the node view is not synced yet\n")
+        if not state.view.ready:
+            return aiohttp.web.Response(status=503, text="not ready: the node view is not synced yet\n")
+        if not state.serving:
+            return aiohttp.web.Response(status=503, text="not ready: the webhook port is not listening\n")
+        return aiohttp.web.Response(text=f"ready: {len(state.view)} sliced nodes\n")
 
     async def livez(_: aiohttp.web.Request) -> aiohttp.web.Response:
         return aiohttp.web.Response(text="ok\n")

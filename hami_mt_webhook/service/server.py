@@ -59,6 +59,7 @@ class AdmissionServer:
             self.port = listener.port
             logger.info("serving admission reviews on https://%s:%s", self.addr, self.port)
             self.listening.set()
+            self.state.serving = True
             config = kopf.WebhookClientConfig(url=f"https://{self.addr}:{self.port}")
             if self.cafile:
                 config["caBundle"] = base64.b64encode(Path(self.cafile).read_bytes()).decode()
@@ -68,6 +69,7 @@ class AdmissionServer:
                 self.certificates.reload()
         finally:
             self.listening.clear()
+            self.state.serving = False
             logger.info("draining: no new connections, finishing in-flight reviews")
             await asyncio.shield(listener.stop())
             handler.close()

@@ -16,3 +16,5 @@ class State:
     config: Config
     view: ClusterView = field(default_factory=lambda: ClusterView(ready=False))
     metrics: Metrics = field(default_factory=Metrics)
+    #: The webhook port accepts reviews: set by the server once listening, cleared when it starts draining.
+    serving: bool = False

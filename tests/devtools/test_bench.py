@@ -5,12 +5,14 @@ No timing is asserted here; `make bench` prints figures, it does not pass or fai
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import orjson
 import pytest
 
-from devtools.bench import main as bench
+from devtools.bench import cli, http, report, workload
+from devtools.cluster import CONFIG
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.capacity import ClusterView
 
@@ -33,23 +35,23 @@ BENCH p50=4220.0 p99=8630.0 p999=10300.0 max=12730.0 requests=7082 duration=2010
 
 
 def test_the_mix_gives_the_outcomes_it_is_named_for() -> None:
-    view = ClusterView.from_nodes(bench.cluster(4, 2), bench.CONFIG)
-    for kind, body in zip(bench.KINDS, bench.bodies(), strict=True):
-        reply = review.handle(body, "mutate-pods", view, bench.CONFIG)
+    view = ClusterView.from_nodes(workload.cluster(4, 2), CONFIG)
+    for kind, body in zip(workload.KINDS, workload.bodies(), strict=True):
+        reply = review.handle(body, "mutate-pods", view, CONFIG)
         assert reply.status == 200
-        assert bench.outcome(reply.decision) == bench.EXPECT[kind], kind
+        assert workload.outcome(reply.decision) == workload.EXPECT[kind], kind
 
 
 def test_the_node_index_sees_every_synthetic_node() -> None:
-    view = ClusterView.from_nodes(bench.cluster(20, 10), bench.CONFIG)
+    view = ClusterView.from_nodes(workload.cluster(20, 10), CONFIG)
     assert len(view) == 30
-    assert view.candidates({}, bench.CONFIG).capacities == frozenset({96, 160})
-    pinned = view.candidates(bench.pod("exclusive")["spec"], bench.CONFIG)
+    assert view.candidates({}, CONFIG).capacities == frozenset({96, 160})
+    pinned = view.candidates(workload.pod("exclusive")["spec"], CONFIG)
     assert pinned.capacities == frozenset({160}) and pinned.max_cards == 8
 
 
 def test_parse_wrk() -> None:
-    load = bench.parse_wrk(WRK_OUTPUT, "webhook", 16)
+    load = http.parse_wrk(WRK_OUTPUT, "webhook", 16)
     assert load.rps == pytest.approx(3521.40)
     assert load.p50 == pytest.approx(4.22) and load.p99 == pytest.approx(8.63)
     assert load.p999 == pytest.approx(10.3) and load.max == pytest.approx(12.73)
@@ -57,8 +59,8 @@ def test_parse_wrk() -> None:
 
 
 def test_lua_strings_escape_quotes_backslashes_and_bytes() -> None:
-    assert bench.lua_string(b'{"a":"b\\\\c"}\n') == '"{\\"a\\":\\"b\\\\\\\\c\\"}\\010"'
-    script = bench.wrk_script(bench.bodies())
+    assert http.lua_string(b'{"a":"b\\\\c"}\n') == '"{\\"a\\":\\"b\\\\\\\\c\\"}\\010"'
+    script = http.wrk_script(workload.bodies())
     assert script.count('wrk.format("POST", "/mutate-pods"') == 1 and "latency:percentile(99.9)" in script
 
 
@@ -81,7 +83,7 @@ METRICS = "\n".join([
 
 
 def test_histograms_merge_label_sets_and_interpolate_like_histogram_quantile() -> None:
-    got = bench.histograms(METRICS, M, ["name", "type"], {"operation": "CREATE"})
+    got = report.histograms(METRICS, M, ["name", "type"], {"operation": "CREATE"})
     assert list(got) == [("mutate.hami-mt.mthreads.com", "admit")]
     h = got[("mutate.hami-mt.mthreads.com", "admit")]
     assert h.count == 120 and h.buckets[0.005] == 100 and h.mean == pytest.approx(0.32 / 120)
@@ -94,19 +96,24 @@ def test_histograms_merge_label_sets_and_interpolate_like_histogram_quantile() -
 
 def test_percentile_is_nearest_rank() -> None:
     values = [float(v) for v in range(1, 1001)]
-    assert bench.percentile(values, 50) == 500 and bench.percentile(values, 99.9) == 999
-    assert math.isnan(bench.percentile([], 50))
+    assert report.percentile(values, 50) == 500 and report.percentile(values, 99.9) == 999
+    assert math.isnan(report.percentile([], 50))
 
 
 def test_arguments() -> None:
-    opts = bench.parse_args(["--quick", "--skip-apiserver", "--parts", "1,index,apiserver"])
+    opts = cli.parse_args(["--quick", "--skip-apiserver", "--parts", "1,index,apiserver"])
     assert opts.parts == ["http", "index"] and opts.duration == 2.0 and opts.pods == 60
-    assert bench.parse_args([]).duration == 10.0
+    assert cli.parse_args([]).duration == 10.0
     with pytest.raises(SystemExit):
-        bench.parse_args(["--parts", "nope"])
+        cli.parse_args(["--parts", "nope"])
 
 
 def test_review_bodies_are_admission_reviews() -> None:
-    for body in bench.bodies():
+    for body in workload.bodies():
         doc = orjson.loads(body)
         assert doc["kind"] == "AdmissionReview" and doc["request"]["operation"] == "CREATE"
+
+
+def test_every_part_is_a_module_with_a_run() -> None:
+    for name, module in cli.PARTS.items():
+        assert callable(importlib.import_module(module).run), name

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools import wheel
 from devtools.controlplane import ControlPlane, ControlPlaneError
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
@@ -27,8 +28,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.e2e)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def installed() -> Iterator[wheel.Installed]:
+    """The wheel built from this tree, installed with its dependencies into a fresh virtualenv outside it
+    (one per state of the sources, see `wheel.install_cached`).
+
+    Every webhook the e2e tier starts runs `serve` from here, the command users run."""
+    try:
+        done = wheel.install_cached()
+    except RuntimeError as e:
+        pytest.fail(f"the package did not build or install:\n{e}", pytrace=False)
+    before = LocalWebhook.command_prefix
+    LocalWebhook.command_prefix = (str(done.exe),)
+    try:
+        yield done
+    finally:
+        LocalWebhook.command_prefix = before
+
+
 @pytest.fixture(scope="session")
-def controlplane() -> Iterator[ControlPlane]:
+def controlplane(installed: wheel.Installed) -> Iterator[ControlPlane]:
     cp = ControlPlane()
     try:
         cp.start()

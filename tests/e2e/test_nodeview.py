@@ -21,7 +21,6 @@ import orjson
 import pytest
 
 from devtools import fleet
-from devtools.bench import main as bench
 from devtools.controlplane import ControlPlane
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
 from tests.builders import make_pod, review_body
@@ -70,7 +69,7 @@ def cluster(tmp_path_factory) -> Iterator[tuple[ControlPlane, Relay, LocalWebhoo
 
 
 async def _create_fleet(cp: ControlPlane) -> None:
-    async with fleet.session(cp.server, bench._api_ssl(cp)) as s:
+    async with fleet.session(cp.server, fleet.admin_context(cp)) as s:
         await fleet.create(s, range(FLEET))
 
 
@@ -114,11 +113,11 @@ def test_nodes_deleted_during_a_partition_leave_the_view(cluster):
     expected = sliced_in_api(cp)
     wait_for("the view equals the API's node set", lambda: metric(hook, "hami_mt_webhook_sliced_nodes") == expected)
     assert exclusive_fill(cp, gone) == "96"  # no such node any more: the memoryPerCard fallback
-    assert exclusive_fill(cp, added) == str(fleet.MODELS[fleet.model_of(FLEET + 1)][2])
+    assert exclusive_fill(cp, added) == str(fleet.model_of(FLEET + 1).per_card)
 
 
 async def _add(cp: ControlPlane, i: int) -> None:
-    async with fleet.session(cp.server, bench._api_ssl(cp)) as s:
+    async with fleet.session(cp.server, fleet.admin_context(cp)) as s:
         await fleet.create(s, [i])
 
 

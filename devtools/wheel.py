@@ -1,0 +1,108 @@
+"""The package as users install it: the wheel built from this tree, in a fresh virtualenv outside it.
+
+Tests run the installed command from here, so a file the package reads from the repository, a module
+left out of the wheel, or a missing dependency fails them as it would fail a user.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+import venv
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Installs kept by `install_cached`, one per source state, newest last.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hami-mt-webhook" / "installed"
+KEEP = 3
+#: An install unused this long (seconds) may go once more than `KEEP` exist.
+STALE = 6 * 3600
+
+
+@dataclass(frozen=True)
+class Installed:
+    """A virtualenv holding the built wheel; `exe` is its `hami-mt-webhook` command."""
+
+    root: Path
+    wheel: Path
+
+    @property
+    def python(self) -> Path:
+        return self.root / "bin" / "python"
+
+    @property
+    def exe(self) -> Path:
+        return self.root / "bin" / "hami-mt-webhook"
+
+
+def build(dest: Path) -> Path:
+    """Build the wheel of this tree into `dest` (as `pip install .` would build it) and return its path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(ROOT)])
+    wheels = sorted(dest.glob("hami_mt_webhook-*.whl"))
+    if len(wheels) != 1:
+        raise RuntimeError(f"expected one wheel in {dest}, found {[w.name for w in wheels]}")
+    return wheels[0]
+
+
+def install(dest: Path) -> Installed:
+    """Build the wheel and install it with its dependencies into a new virtualenv at `dest/venv`."""
+    wheel = build(dest / "dist")
+    env_dir = dest / "venv"
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    installed = Installed(env_dir, wheel)
+    _run([str(installed.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)])
+    return installed
+
+
+def source_key() -> str:
+    """A digest of everything the wheel is built from (the package, pyproject.toml, README) and the Python."""
+    h = hashlib.sha256(sys.version.encode())
+    files = [ROOT / "pyproject.toml", ROOT / "README.md",
+             *sorted(p for p in (ROOT / "hami_mt_webhook").rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
+    for path in files:
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def install_cached(cache: Path = CACHE) -> Installed:
+    """`install`, once per source state: a fresh virtualenv for every change of the sources, reused while they
+    stay the same (a test run started inside a test run, or the next run, finds it ready). Only the newest
+    `KEEP` and any used in the last `STALE` seconds are kept. Nothing is left in the temporary directory."""
+    key = source_key()
+    done = cache / key
+    if (done / "ok").exists():
+        (done / "ok").touch()  # in use: not evicted by another tree's run
+        return Installed(done / "venv", next((done / "dist").glob("*.whl")))
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache / ".lock", "w") as lock:  # one installer at a time; scripts in a venv cannot be moved
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (done / "ok").exists():
+            shutil.rmtree(done, ignore_errors=True)  # an install that was cut short
+            install(done)
+            (done / "ok").write_text(key + "\n")
+    entries = sorted((p for p in cache.iterdir() if (p / "ok").exists()), key=lambda p: (p / "ok").stat().st_mtime)
+    for old in entries[:-KEEP]:
+        if time.time() - (old / "ok").stat().st_mtime > STALE:
+            shutil.rmtree(old, ignore_errors=True)
+    return Installed(done / "venv", next((done / "dist").glob("*.whl")))
+
+
+def contents(wheel: Path) -> list[str]:
+    """The file names inside a wheel."""
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist()
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT.parent)
+    if proc.returncode:
+        output = proc.stdout[-2000:] + proc.stderr[-4000:]
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{output}")

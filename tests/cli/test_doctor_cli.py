@@ -1,0 +1,52 @@
+"""`doctor` when it cannot run: exit status 2 and one clear line, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hami_mt_webhook.cli import main as cli
+
+
+def kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    return path
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # closed again when we return: nothing listens there
+
+
+def test_an_unreachable_api_server(tmp_path, capsys):
+    config = kubeconfig(tmp_path, f"https://127.0.0.1:{closed_port()}")
+    assert cli.main(["doctor", "--kubeconfig", str(config)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("hami-mt-webhook doctor: cannot reach the API server at https://")
+
+
+@pytest.mark.parametrize("content", [None, "not: [a kubeconfig", "apiVersion: v1\nkind: Config\n"])
+def test_no_usable_kubeconfig(tmp_path, capsys, content):
+    path = tmp_path / "kubeconfig"
+    if content is not None:
+        path.write_text(content)
+    assert cli.main(["doctor", "--kubeconfig", str(path)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and "hami-mt-webhook doctor: no credentials for a cluster in" in err
+
+
+def test_bad_settings_are_refused_before_reading(tmp_path, capsys):
+    assert cli.main(["doctor", "--kubeconfig", str(tmp_path / "none"), "--pending-minutes", "-1"]) == 2
+    assert "--pending-minutes must not be negative" in capsys.readouterr().err
+    assert cli.main(["doctor", "--kubeconfig", str(tmp_path / "none"), "--memory-per-card", "x"]) == 2
+    assert "memoryPerCard must be whole numbers" in capsys.readouterr().err

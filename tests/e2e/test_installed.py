@@ -1,0 +1,82 @@
+"""The wheel as users install it (`pip install .` into a fresh virtualenv outside the repository), every
+subcommand it ships run from there. The rest of the e2e tier runs `serve` from the same install."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import yaml
+
+from devtools import wheel
+from devtools.wheel import Installed
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+
+
+def run(installed: Installed, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(installed.exe), *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          input=stdin, env={"PATH": "/usr/bin:/bin", "HOME": str(cwd)})
+
+
+def test_the_wheel_is_the_package_alone(installed: Installed) -> None:
+    names = wheel.contents(installed.wheel)
+    tops = {name.split("/")[0] for name in names}
+    assert {t for t in tops if not t.endswith(".dist-info")} == {"hami_mt_webhook"}
+    assert "hami_mt_webhook/admission/data/webhooks.yaml" in names
+    probe = subprocess.run([str(installed.python), "-c", "import devtools"], capture_output=True, text=True,
+                           cwd="/")
+    assert probe.returncode != 0 and "No module named 'devtools'" in probe.stderr
+
+
+def test_help_and_version_of_every_subcommand(installed: Installed, tmp_path: Path) -> None:
+    out = run(installed, "--help", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    listed = out.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert listed == ["serve", "review", "doctor", "certs"]  # no development command ships
+    for command in listed:
+        sub = run(installed, command, "--help", cwd=tmp_path)
+        assert sub.returncode == 0 and "usage: hami-mt-webhook " + command in sub.stdout, sub.stderr
+    version = run(installed, "--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.startswith("hami-mt-webhook ")
+
+
+def test_certs_writes_every_file_the_readme_applies(installed: Installed, tmp_path: Path) -> None:
+    out = run(installed, "certs", "--dir", "certs", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    made = tmp_path / "certs"
+    readme = (ROOT / "README.md").read_text()
+    for name in ("tls.crt", "tls.key", "ca.crt", "webhook-configurations.yaml"):
+        assert f"certs/{name}" in readme, name  # the install steps use it
+        assert (made / name).stat().st_size > 0, name
+    docs = list(yaml.safe_load_all((made / "webhook-configurations.yaml").read_text()))
+    assert [d["kind"] for d in docs] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+                                         "ValidatingWebhookConfiguration"]
+    bundle = (made / "ca-bundle.crt").read_bytes()
+    import base64
+    for doc in docs:
+        for hook in doc["webhooks"]:
+            assert base64.b64decode(hook["clientConfig"]["caBundle"]) == bundle
+
+
+def test_certs_into_an_unwritable_place_is_one_line_and_exit_2(installed: Installed, tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    out = run(installed, "certs", "--dir", str(blocker / "certs"), cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.count("\n") == 1 and "Not a directory" in out.stderr
+
+
+def test_review_checks_the_examples_as_the_source_tree_does(installed: Installed, tmp_path: Path) -> None:
+    files = sorted(p for p in EXAMPLES.glob("*.yaml") if p.name != "nodes.yaml")
+    for path in files:
+        out = run(installed, "review", "-f", str(path), "--nodes", str(EXAMPLES / "nodes.yaml"), "-o", "json",
+                  cwd=tmp_path)
+        assert out.stderr == "", (path.name, out.stderr)
+        assert out.stdout == (EXAMPLES / "expected" / f"{path.stem}.json").read_text(), path.name
+        assert out.returncode == (1 if "denied" in path.stem else 0), path.name
+    piped = run(installed, "review", "-f", "-", "-o", "json", cwd=tmp_path,
+                stdin=(EXAMPLES / "mixed-denied-pod.yaml").read_text())
+    assert piped.returncode == 1 and json.loads(piped.stdout)["allowed"] is False
