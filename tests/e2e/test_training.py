@@ -80,7 +80,8 @@ def install(cp: ControlPlane, docs: list[dict[str, Any]]) -> None:
 
 
 @pytest.fixture(scope="module")
-def installed(controlplane: ControlPlane, webhook) -> ControlPlane:
+def cluster(controlplane: ControlPlane, webhook) -> ControlPlane:
+    """The session's control plane with the training operators' CRDs and the Volcano Job CRD installed."""
     controlplane.kubectl("create", "namespace", NS)
     install(controlplane, [*crds("training-operator"), *crds("kuberay"), *crds("lws"), *crds("jobset"),
                            VOLCANO_JOB_CRD])
@@ -161,48 +162,48 @@ def assert_denied_at_apply(cp: ControlPlane, kind: str, obj: dict[str, Any]) -> 
 
 
 @pytest.mark.parametrize("kind", sorted(k for k in WHERE if k != "MPIJob/v1"))
-def test_a_training_job_whose_pods_would_be_denied_is_denied_at_apply(installed, kind):
+def test_a_training_job_whose_pods_would_be_denied_is_denied_at_apply(cluster, kind):
     obj = job(kind, GOOD, MIXED, name=f"bad-{kind.lower()}")
-    assert_denied_at_apply(installed, kind, obj)
+    assert_denied_at_apply(cluster, kind, obj)
 
 
-def test_mpijob_of_both_operators_is_denied_at_apply(installed):
+def test_mpijob_of_both_operators_is_denied_at_apply(cluster):
     v1 = job("MPIJob/v1", GOOD, MIXED, name="bad-mpijob-v1")
-    assert_denied_at_apply(installed, "MPIJob/v1", v1)
+    assert_denied_at_apply(cluster, "MPIJob/v1", v1)
     # The MPI operator's CRD has the same name: replace the training operator's (no MPIJob is stored).
-    installed.kubectl("delete", "crd", "mpijobs.kubeflow.org", "--wait=true", timeout=120)
-    install(installed, crds("mpi-operator"))
+    cluster.kubectl("delete", "crd", "mpijobs.kubeflow.org", "--wait=true", timeout=120)
+    install(cluster, crds("mpi-operator"))
     v2 = job("MPIJob/v2beta1", GOOD, MIXED, name="bad-mpijob-v2")
     expected = f'{DENIED}MPIJob "bad-mpijob-v2": spec.mpiReplicaSpecs.Worker.template: {MIXING}'
     for flags in (("--dry-run=server",), ()):
-        r = apply(installed, NS, v2, *flags)
+        r = apply(cluster, NS, v2, *flags)
         assert r.returncode != 0 and expected in r.stderr, (flags, r.stderr)
-    assert not stored(installed, v2)
+    assert not stored(cluster, v2)
 
 
-def test_a_valid_training_job_is_stored_unchanged_with_the_pods_warnings(installed):
+def test_a_valid_training_job_is_stored_unchanged_with_the_pods_warnings(cluster):
     obj = job("PyTorchJob", GOOD, template({VGPU: 1, MEMORY: 20}, nodeSelector=ON_S5000), name="good-pytorchjob")
-    r = apply(installed, NS, obj)
+    r = apply(cluster, NS, obj)
     assert r.returncode == 0, r.stderr
     assert ('Warning: PyTorchJob "good-pytorchjob": spec.pytorchReplicaSpecs.Worker.template: container "main": '
             "mthreads.com/sgpu-memory 20 (10 GiB) snapped up to 32") in r.stderr
-    got = json.loads(installed.kubectl("get", "pytorchjobs.kubeflow.org", "-n", NS, "good-pytorchjob",
+    got = json.loads(cluster.kubectl("get", "pytorchjobs.kubeflow.org", "-n", NS, "good-pytorchjob",
                                        "-o", "json").stdout)
     worker = got["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert worker["resources"]["limits"] == {VGPU: "1", MEMORY: "20"}  # a job is never patched
 
 
-def test_a_volcano_job_on_volcano_gets_the_other_scheduler_warning(installed):
+def test_a_volcano_job_on_volcano_gets_the_other_scheduler_warning(cluster):
     """Volcano's job-level schedulerName is its pods' scheduler: slices on it are left alone, with a warning."""
     obj = job("VolcanoJob", GOOD, template({VGPU: 1, MEMORY: 32}), name="on-volcano")
-    r = apply(installed, NS, copy.deepcopy(obj), "--dry-run=server")
+    r = apply(cluster, NS, copy.deepcopy(obj), "--dry-run=server")
     assert r.returncode == 0, r.stderr
     assert "Warning: Job \"on-volcano\": spec.tasks[0].template: pod names scheduler 'volcano'" in r.stderr
 
 
-def test_training_examples_print_what_review_prints(installed):
+def test_training_examples_print_what_review_prints(cluster):
     """As tests/e2e/test_workloads.py does for the other examples: the cluster says what `review` says."""
     found = sorted(p.stem for p in EXAMPLES.glob("*.yaml") if p.stem != "nodes" and custom(p))
     assert found
     for example in found:
-        check_example(installed, NS, example)
+        check_example(cluster, NS, example)
