@@ -59,11 +59,13 @@ def mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
     patch = Patch(pod)
     for op in decision.patch:
         patch.set(_path(pod, op["path"]), op["value"])
-    if "scheduler" not in decision.mutations and _rewrites_scheduler(pod, config):
+    mutations = list(decision.mutations)
+    if not {"scheduler", "retired-scheduler"} & set(mutations) and _rewrites_scheduler(pod, config):
         patch.set(("spec", "schedulerName"), config.scheduler_name)
+        mutations.append("scheduler")
     warnings = [WOULD_DENY + d.message for d in denials]
     warnings += [w for d in denials for w in d.warnings if w not in warnings] + decision.warnings
-    return Decision(warnings=warnings, patch=patch.ops, object=patch.result, mutations=decision.mutations,
+    return Decision(warnings=warnings, patch=patch.ops, object=patch.result, mutations=mutations,
                     would_deny=[d.reason or "other" for d in denials])
 
 

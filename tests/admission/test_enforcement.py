@@ -4,6 +4,7 @@ as the rules can; the same pods under `deny` are denied with the same message.""
 from __future__ import annotations
 
 import base64
+import dataclasses
 from typing import Any
 
 import orjson
@@ -135,6 +136,13 @@ def test_a_webhook_not_yet_ready_still_refuses_under_warn() -> None:
     pod = make_pod()
     decision = enforcement.mutate(pod, ClusterView(ready=False), WARN)
     assert not decision.allowed and decision.code == 503
+
+
+def test_a_pod_nothing_of_which_can_be_mutated_still_gets_the_scheduler() -> None:
+    pod = make_pod(container(limits={VGPU: 1, WHOLE: 1}), schedulerName="mt-old")
+    warned = enforcement.mutate(pod, nodes_view(), dataclasses.replace(WARN, retired_schedulers=("mt-old",)))
+    assert warned.would_deny == ["mixing"] and warned.mutations == ["scheduler"]
+    assert warned.patch == [{"op": "replace", "path": "/spec/schedulerName", "value": SCHEDULER}]
 
 
 def test_warn_path_answers_under_warn_whatever_the_server_mode() -> None:
