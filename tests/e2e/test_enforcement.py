@@ -101,19 +101,24 @@ def warn_everywhere(controlplane: ControlPlane, webhook: LocalWebhook, namespace
     hook.start()
     binding = ["patch", "validatingadmissionpolicybinding", "hami-mt-backstop", "--type=json", "-p"]
     controlplane.kubectl(*binding, '[{"op": "replace", "path": "/spec/validationActions", "value": ["Warn", "Audit"]}]')
-    probe = half_bad("probe")
+    mixed, skipped = pod("probe", {WHOLE: 1, VGPU: 1}), ignored("probe")
 
     def answered_by(mode: str) -> bool:
-        r = apply(controlplane, DENY_NS, probe, "--dry-run=server")
-        return r.returncode == 0 if mode == "warn" else r.returncode != 0
+        """Registrations and bindings reach the API server through caches: both must have switched."""
+        r = apply(controlplane, DENY_NS, mixed, "--dry-run=server")
+        if mode == "warn":  # neither the webhook nor the backstop denies a mixing container
+            return r.returncode == 0
+        return DENIED in r.stderr and "binding 'hami-mt-backstop' denied" in apply(
+            controlplane, DENY_NS, skipped, "--dry-run=server").stderr
 
     try:
-        wait_for("the API server calls the warn webhook", lambda: answered_by("warn"))
+        wait_for("the API server calls the warn webhook and warns by the backstop", lambda: answered_by("warn"))
         yield hook
     finally:
         webhook.install()
         controlplane.kubectl(*binding, '[{"op": "replace", "path": "/spec/validationActions", "value": ["Deny"]}]')
-        wait_for("the API server calls the session webhook again", lambda: answered_by("deny"))
+        wait_for("the API server calls the session webhook and denies by the backstop again",
+                 lambda: answered_by("deny"))
         hook.stop()
 
 
