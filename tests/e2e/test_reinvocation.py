@@ -152,10 +152,16 @@ def policies(controlplane, webhook) -> Iterator[str]:
     docs = [d for name, mutation in (("sidecar", INJECT_SIDECAR), ("shrink", SHRINK_MEMORY),
                                      ("shrink-limit", SHRINK_LIMIT)) for d in policy(name, mutation)]
     controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-    probe = pod("probe", {VGPU: 1, MEMORY: 64}, labels={MAP_LABEL: "sidecar"}, nodeSelector=ON_S5000)
-    # The API server compiles policies from an informer: wait until the sidecar policy acts (a dry run stores nothing).
-    wait_for("the policies are in force", lambda: SIDECAR in apply(controlplane, ns, probe, "--dry-run=server",
-                                                                   "-o", "json").stdout)
+    # The API server compiles policies from an informer: wait until each acts (a dry run stores nothing).
+    for name, sign in (("sidecar", SIDECAR), ("shrink", 'container "c0": mthreads.com/sgpu-memory 20 (10 GiB)'),
+                       ("shrink-limit", "limit 20 and request 64 differ")):
+        probe = pod("probe", {VGPU: 1, MEMORY: 64}, labels={MAP_LABEL: name}, nodeSelector=ON_S5000)
+
+        def acts(probe: dict = probe, sign: str = sign) -> bool:
+            r = apply(controlplane, ns, probe, "--dry-run=server", "-o", "json")
+            return sign in r.stdout + r.stderr
+
+        wait_for(f"policy {name} is in force", acts)
     try:
         yield ns
     finally:
