@@ -19,8 +19,10 @@ controlplane:  ## build etcd, kube-apiserver, kubectl and helm (cached outside t
 run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything
 	$(PY) -m devtools.local
 
-lint: setup
+lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linter layer contracts
 	$(VENV)/bin/ruff check hami_mt_webhook devtools tests
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 test-unit: setup
 	$(PY) -m pytest -q -m "not e2e"
@@ -49,4 +51,4 @@ certs: setup
 	$(VENV)/bin/hami-mt-webhook certs --dir certs
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .import_linter_cache

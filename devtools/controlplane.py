@@ -1,38 +1,31 @@
-"""A real etcd + kube-apiserver on loopback, for end-to-end tests and `controlplane up`.
+"""A real etcd + kube-apiserver on loopback, for end-to-end tests, `make run` and `controlplane up`.
 
 The webhook's promises (patches, denials, failure policy, RBAC of its own user) only mean something
-against the API server that calls it, so the tests run one: envtest-style, no kubelet, no
-controller-manager, no scheduler. Pods are stored but never run, which is all admission needs.
+against the API server that calls it, so the tests run one: envtest-style, no kubelet. With
+`controllers=True` kube-controller-manager and kube-scheduler join it (`devtools.controllers`), so
+workloads create their pods and pods are bound to nodes; pods are still never run.
 
-Only `certs` is used from this package, so the module can start a cluster for any part of it.
+Only `certs` is used from the package, so the module can start a cluster for any part of it. The
+binaries come from `devtools.binaries`, the certificates from `devtools.pki`, the CLI is
+`devtools.controlplane_cli`.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
-import collections
 import json
-import os
-import re
-import shutil
-import signal
 import ssl
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
-import yaml
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from devtools import controllers, pki
+from devtools.binaries import ControlPlaneError, binaries
 
 # Ports, child processes and cleanup: devtools.procs, shared with `make run` and the benchmark.
 from devtools.procs import cleanup as _cleanup
@@ -41,27 +34,10 @@ from devtools.procs import spawn as _spawn
 from devtools.procs import tail as _tail
 from hami_mt_webhook.service import certs
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-controlplane.sh"
-BIN_ENV = "HAMI_MT_CONTROLPLANE_BIN"
-BINARIES = ("etcd", "kube-apiserver", "kubectl", "helm")
-DEFAULT_RUN_DIR = Path.home() / ".cache" / "hami-mt-webhook" / "run"
-STATE_FILE = "controlplane.json"
-KUBECONFIG_FILE = "admin.kubeconfig"
+__all__ = ["ControlPlane", "ControlPlaneError", "KubectlError", "binaries"]
 
-SERVICE_CIDR = "10.0.0.0/24"
-#: The first address of SERVICE_CIDR: the `kubernetes` Service's cluster IP, so in-cluster names verify.
-SERVICE_IP = "10.0.0.1"
-APISERVER_DNS = ["localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc",
-                 "kubernetes.default.svc.cluster.local"]
-CLUSTER_NAME = "hami-mt-local"
 #: How long one process gets between SIGTERM and SIGKILL.
 STOP_GRACE_S = 10.0
-LOG_TAIL_LINES = 40
-
-
-class ControlPlaneError(RuntimeError):
-    """The control plane could not be built or started; the message carries the relevant log tail."""
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -71,45 +47,12 @@ class KubectlError(subprocess.CalledProcessError):
         return f"{super().__str__()}\n{(self.stderr or '').strip()}"
 
 
-# --- binaries -----------------------------------------------------------------------------------------
-
-
-def binaries() -> Path:
-    """The directory with etcd, kube-apiserver, kubectl and helm.
-
-    `$HAMI_MT_CONTROLPLANE_BIN` wins, for machines that already have the binaries; otherwise the
-    build script builds them once into a versioned cache (progress goes to our stderr, since a first
-    build takes many minutes and silence would look like a hang).
-    """
-    env_dir = os.environ.get(BIN_ENV)
-    if env_dir:
-        return _check_binaries(Path(env_dir), f"${BIN_ENV}")
-    proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stderr is not None
-    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
-    for line in proc.stderr:  # stdout carries one line only, so reading it afterwards cannot block
-        tail.append(line)
-        sys.stderr.write(line)
-        sys.stderr.flush()
-    out = proc.stdout.read().strip()
-    if proc.wait() != 0 or not out:
-        raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit status {proc.returncode}:\n{''.join(tail)}")
-    return _check_binaries(Path(out.splitlines()[-1]), str(BUILD_SCRIPT))
-
-
-def _check_binaries(path: Path, source: str) -> Path:
-    missing = [b for b in BINARIES if not os.access(path / b, os.X_OK)]
-    if missing:
-        raise ControlPlaneError(f"{source} names {path}, which lacks executable {', '.join(missing)}")
-    return path
-
-
 # --- the control plane --------------------------------------------------------------------------------
 
 
 class ControlPlane:
-    """etcd and kube-apiserver on free loopback ports, with an admin kubeconfig and a private CA.
+    """etcd and kube-apiserver on free loopback ports, with an admin kubeconfig and a private CA;
+    with `controllers`, kube-controller-manager and kube-scheduler too (`devtools.controllers`).
 
     Single use: `start()` once (or enter the context), `stop()` once. Everything lives in the `workdir`
     property: a fresh directory made inside the `workdir` argument (default: the system temp dir), so
@@ -118,12 +61,13 @@ class ControlPlane:
     """
 
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, keep: bool = False,
-                 ready_timeout: float = 90.0, apiserver_args: Sequence[str] = ()) -> None:
+                 ready_timeout: float = 90.0, apiserver_args: Sequence[str] = (), controllers: bool = False) -> None:
         self._bin_dir = bin_dir
         self._parent_dir = workdir
         self.keep = keep
         self.ready_timeout = ready_timeout
         self.apiserver_args = list(apiserver_args)
+        self.controllers = controllers
         self._workdir: Path | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._finalizer: weakref.finalize | None = None
@@ -173,6 +117,10 @@ class ControlPlane:
         """Pids of the running children, by binary name."""
         return {Path(str(p.args[0])).name: p.pid for p in self._procs if p.poll() is None}
 
+    def exited(self) -> list[str]:
+        """The started processes that are no longer running: a supervisor's signal to give up."""
+        return [Path(str(p.args[0])).name for p in self._procs if p.poll() is not None]
+
     # lifecycle ----------------------------------------------------------------------------------------
 
     def __enter__(self) -> ControlPlane:
@@ -182,7 +130,7 @@ class ControlPlane:
         self.stop()
 
     def start(self) -> ControlPlane:
-        """Start etcd, then kube-apiserver, and wait until the API server is ready.
+        """Start etcd, then kube-apiserver (then the controllers), and wait until each is ready.
 
         On any failure everything started so far is stopped before the error propagates.
         """
@@ -195,11 +143,14 @@ class ControlPlane:
         self._workdir = Path(tempfile.mkdtemp(prefix="hami-mt-controlplane-", dir=self._parent_dir))
         self._finalizer = weakref.finalize(self, _cleanup, self._procs, None if self.keep else self._workdir)
         try:
-            self._write_pki()
+            self._ca = pki.write_pki(self.workdir)
             self.etcd_client_port, self.etcd_peer_port, self.apiserver_port = _free_ports(3)
             self._start_etcd(bin_dir)
             self._start_apiserver(bin_dir)
-            self._write_kubeconfig(self.kubeconfig, "admin", self.workdir / "admin.crt", self.workdir / "admin.key")
+            pki.write_kubeconfig(self.kubeconfig, self.server, self.ca_pem, "admin", self.workdir / "admin.crt",
+                                 self.workdir / "admin.key")
+            if self.controllers:
+                self._start_controllers(bin_dir)
         except BaseException:
             self.stop()
             raise
@@ -207,63 +158,11 @@ class ControlPlane:
         return self
 
     def stop(self) -> None:
-        """Stop kube-apiserver, then etcd; remove the work dir unless `keep`. Safe to call twice."""
+        """Stop the processes newest first, etcd last; remove the work dir unless `keep`. Safe to call twice."""
         if self._finalizer is not None:
             self._finalizer()
 
-    # pki ----------------------------------------------------------------------------------------------
-
-    def _write_pki(self) -> None:
-        d = self.workdir
-        self._ca = ca = certs.new_ca("hami-mt-controlplane-ca")
-        certs.write_pair(ca, d / "ca.crt", d / "ca.key")
-        serving = certs.issue(ca, "kube-apiserver", dns=APISERVER_DNS, ips=["127.0.0.1", SERVICE_IP])
-        certs.write_pair(serving, d / "apiserver.crt", d / "apiserver.key")
-        admin = certs.issue(ca, "admin", orgs=["system:masters"], server=False, client=True)
-        certs.write_pair(admin, d / "admin.crt", d / "admin.key")
-        self._write_admission_config()
-        sa = ec.generate_private_key(ec.SECP256R1())
-        certs.write_atomic(d / "sa.key", sa.private_bytes(serialization.Encoding.PEM,
-                                                          serialization.PrivateFormat.PKCS8,
-                                                          serialization.NoEncryption()), 0o600)
-        certs.write_atomic(d / "sa.pub", sa.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo))
-
-    def _write_admission_config(self) -> None:
-        """An AdmissionConfiguration giving the API server a client certificate for every webhook it calls.
-
-        As on a real cluster where webhooks check the caller (`--client-ca`): the webhook plugins read a
-        kubeconfig whose user `*` matches any webhook host, and present its certificate in the TLS handshake.
-        """
-        d = self.workdir
-        assert self._ca is not None
-        client = certs.issue(self._ca, "kube-apiserver-webhook-client", server=False, client=True)
-        certs.write_pair(client, d / "webhook-client.crt", d / "webhook-client.key")
-        kubeconfig = {"apiVersion": "v1", "kind": "Config", "users": [{"name": "*", "user": {
-            "client-certificate": str(d / "webhook-client.crt"), "client-key": str(d / "webhook-client.key")}}]}
-        certs.write_atomic(d / "admission.kubeconfig", yaml.safe_dump(kubeconfig).encode(), 0o600)
-        plugin = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "WebhookAdmissionConfiguration",
-                  "kubeConfigFile": str(d / "admission.kubeconfig")}
-        config = {"apiVersion": "apiserver.config.k8s.io/v1", "kind": "AdmissionConfiguration",
-                  "plugins": [{"name": name, "configuration": plugin}
-                              for name in ("MutatingAdmissionWebhook", "ValidatingAdmissionWebhook")]}
-        certs.write_atomic(d / "admission.yaml", yaml.safe_dump(config, sort_keys=False).encode())
-
-    def _write_kubeconfig(self, path: Path, user: str, cert: Path | bytes, key: Path | bytes) -> Path:
-        """A self-contained kubeconfig (data embedded), so it can be copied or mounted on its own."""
-        def b64(v: Path | bytes) -> str:
-            return base64.b64encode(v.read_bytes() if isinstance(v, Path) else v).decode()
-
-        config = {
-            "apiVersion": "v1", "kind": "Config", "preferences": {},
-            "clusters": [{"name": CLUSTER_NAME, "cluster": {
-                "server": self.server, "certificate-authority-data": b64(self.ca_pem)}}],
-            "users": [{"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
-            "contexts": [{"name": user, "context": {"cluster": CLUSTER_NAME, "user": user}}],
-            "current-context": user,
-        }
-        certs.write_atomic(path, yaml.safe_dump(config, sort_keys=False).encode(), 0o600)
-        return path
+    # identities -------------------------------------------------------------------------------------
 
     def user_kubeconfig(self, name: str, groups: Iterable[str] = ()) -> Path:
         """A kubeconfig for user `name` in `groups`, with no rights until RBAC grants some.
@@ -273,10 +172,7 @@ class ControlPlane:
         """
         if self._ca is None:
             raise ControlPlaneError("the control plane has not been started")
-        pair = certs.issue(self._ca, name, orgs=list(groups), server=False, client=True)
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-        return self._write_kubeconfig(self.workdir / f"user-{safe}.kubeconfig", name,
-                                      pair.cert_pem(), pair.key_pem())
+        return pki.user_kubeconfig(self.workdir, self._ca, self.server, name, groups)
 
     # processes ----------------------------------------------------------------------------------------
 
@@ -310,11 +206,13 @@ class ControlPlane:
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
-            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--service-cluster-ip-range={pki.SERVICE_CIDR}",
             "--enable-admission-plugins=MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
             "ValidatingAdmissionPolicy",
-            # No controller-manager creates the `default` ServiceAccount that this plugin requires.
-            "--disable-admission-plugins=ServiceAccount",
+            # ServiceAccount: without a controller-manager no `default` ServiceAccount exists, and with one a
+            # pod created at once in a new namespace would race it. TaintNodesByCondition: its not-ready taint
+            # is lifted only by the node lifecycle controller, which has no kubelets to hear from (controllers).
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             f"--admission-control-config-file={d / 'admission.yaml'}",
             "--allow-privileged=true",
             # Nothing can reach the `kubernetes` Service's endpoints anyway, and a loopback endpoint
@@ -339,6 +237,19 @@ class ControlPlane:
             self._procs.remove(proc)
         time.sleep(down)
         self._start_apiserver(self.bin_dir)
+
+    def _start_controllers(self, bin_dir: Path) -> None:
+        """kube-controller-manager and kube-scheduler, each as its bootstrap identity, healthy before we return."""
+        assert self._ca is not None
+        d = self.workdir
+        for name, command in (("kube-controller-manager", controllers.controller_manager_cmd),
+                              ("kube-scheduler", controllers.scheduler_cmd)):
+            kubeconfig = self.user_kubeconfig(f"system:{name}")
+            port = _free_ports(1)[0]
+            log = d / f"{name}.log"
+            proc = _spawn(command(bin_dir, d, self._ca, kubeconfig, port), log)
+            self._procs.append(proc)
+            self._wait(name, proc, log, f"https://127.0.0.1:{port}/healthz", lambda body: body.strip() == b"ok")
 
     def _opener(self) -> urllib.request.OpenerDirector:
         """An HTTP(S) client that trusts our CA, presents the admin cert and ignores proxy settings."""
@@ -383,124 +294,7 @@ class ControlPlane:
         return result
 
 
-# --- CLI ----------------------------------------------------------------------------------------------
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """`python -m devtools.controlplane up|down`."""
-    parser = argparse.ArgumentParser(prog="python -m devtools.controlplane",
-                                     description="run a local etcd + kube-apiserver on loopback")
-    actions = parser.add_subparsers(dest="controlplane_action", required=True)
-    up = actions.add_parser("up", help="start, print the kubeconfig, and run until SIGINT/SIGTERM/SIGHUP")
-    down = actions.add_parser("down", help=f"stop what `up` started (read from <dir>/{STATE_FILE})")
-    for p in (up, down):
-        p.add_argument("--dir", type=Path, default=DEFAULT_RUN_DIR,
-                       help=f"where the state file and the work dir live (default: {DEFAULT_RUN_DIR})")
-    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the API server")
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.controlplane_action == "up":
-        return _up(Path(args.dir).expanduser(), args.timeout)
-    return _down(Path(args.dir).expanduser())
-
-
-def _proc_start(pid: int) -> str | None:
-    """The process's start time in clock ticks: tells a live process from a reused pid."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return None if fields[0] == "Z" else fields[19]
-
-
-def _same_process(entry: dict[str, Any]) -> bool:
-    pid, start = entry.get("pid"), entry.get("start")
-    return isinstance(pid, int) and start is not None and _proc_start(pid) == start
-
-
-def _up(run_dir: Path, timeout: float) -> int:
-    state_path, kubeconfig = run_dir / STATE_FILE, run_dir / KUBECONFIG_FILE
-    if state_path.exists():
-        state = json.loads(state_path.read_text())
-        if _same_process(state.get("up", {})):
-            print(f"a control plane is already running (pid {state['up']['pid']}); "
-                  f"run `controlplane down --dir {run_dir}` first", file=sys.stderr)
-            return 1
-    stopping = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stopping.set())
-                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}  # SIGHUP: the terminal closed
-    cp = ControlPlane(workdir=run_dir, ready_timeout=timeout)
-    try:
-        try:
-            cp.start()
-        except ControlPlaneError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-        entry = {name: {"pid": pid, "start": _proc_start(pid)} for name, pid in cp.pids.items()}
-        state = {
-            "up": {"pid": os.getpid(), "start": _proc_start(os.getpid())},
-            **entry,
-            "ports": {"etcd_client": cp.etcd_client_port, "etcd_peer": cp.etcd_peer_port,
-                      "apiserver": cp.apiserver_port},
-            "server": cp.server, "kubeconfig": str(kubeconfig), "workdir": str(cp.workdir),
-        }
-        # A path that stays the same across restarts, so one `export KUBECONFIG` keeps working.
-        certs.write_atomic(kubeconfig, cp.kubeconfig.read_bytes(), 0o600)
-        certs.write_atomic(state_path, json.dumps(state, indent=2).encode())
-        print(f"control plane ready in {cp.startup_seconds:.1f}s at {cp.server}", file=sys.stderr)
-        print(kubeconfig)
-        print(f"export KUBECONFIG={kubeconfig}", flush=True)
-        while not stopping.wait(1.0):
-            if len(cp.pids) < 2:
-                print(f"error: a control-plane process exited; see the logs in {cp.workdir}", file=sys.stderr)
-                return 1
-        return 0
-    finally:
-        cp.stop()
-        state_path.unlink(missing_ok=True)
-        kubeconfig.unlink(missing_ok=True)
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
-def _down(run_dir: Path) -> int:
-    state_path = run_dir / STATE_FILE
-    if not state_path.exists():
-        print(f"nothing to stop: no {state_path}", file=sys.stderr)
-        return 0
-    state = json.loads(state_path.read_text())
-    up = state.get("up", {})
-    if _same_process(up):  # let `up` stop its children in order and clean up after itself
-        os.kill(up["pid"], signal.SIGTERM)
-        _wait_gone(up, 2 * STOP_GRACE_S + 5)
-    for name in ("kube-apiserver", "etcd"):  # whatever is left, e.g. after `up` was SIGKILLed
-        entry = state.get(name, {})
-        if _same_process(entry):
-            os.kill(entry["pid"], signal.SIGTERM)
-            if not _wait_gone(entry, STOP_GRACE_S):
-                os.kill(entry["pid"], signal.SIGKILL)
-                _wait_gone(entry, 5)
-    workdir = Path(state.get("workdir", ""))
-    if workdir.is_relative_to(run_dir) and workdir != run_dir:  # never remove anything outside --dir
-        shutil.rmtree(workdir, ignore_errors=True)
-    (run_dir / KUBECONFIG_FILE).unlink(missing_ok=True)
-    state_path.unlink(missing_ok=True)
-    print("control plane stopped", file=sys.stderr)
-    return 0
-
-
-def _wait_gone(entry: dict[str, Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _same_process(entry):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
-
-
 if __name__ == "__main__":
+    from devtools.controlplane_cli import main
+
     sys.exit(main())

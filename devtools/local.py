@@ -31,11 +31,15 @@ SERVICE_ACCOUNT = "hami-mt-webhook"
 
 
 def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
-    """Create Node objects and set their capacity through the status subresource, as kubelet would."""
+    """Create Node objects (metadata, and spec such as taints) and set their capacity through the status
+    subresource, as kubelet would."""
     names = []
     for node in nodes:
         meta = {k: v for k, v in node["metadata"].items() if k in ("name", "labels")}
-        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump({"apiVersion": "v1", "kind": "Node", "metadata": meta}))
+        obj: dict[str, Any] = {"apiVersion": "v1", "kind": "Node", "metadata": meta}
+        if node.get("spec"):
+            obj["spec"] = node["spec"]
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
         capacity = (node.get("status") or {}).get("capacity") or {}
         status = {"status": {"capacity": capacity, "allocatable": capacity}}
         cp.kubectl("patch", "node", meta["name"], "--subresource=status", "--type=merge", "-p", yaml.safe_dump(status))
@@ -198,10 +202,10 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
 
     for sig in STOP_SIGNALS:  # set explicitly: a shell may start us with SIGINT ignored
         signal.signal(sig, on_signal)
-    cp = ControlPlane(workdir=base)
+    cp = ControlPlane(workdir=base, controllers=True)
     webhook: LocalWebhook | None = None
     try:
-        say("starting etcd and kube-apiserver (the first run builds them) ...")
+        say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler (the first run builds them) ...")
         cp.start()
         webhook = LocalWebhook(cp, cp.workdir)
         webhook.install()
@@ -241,13 +245,13 @@ Ctrl-C stops everything."""
 def _supervise(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, say: Console) -> int:
     """Watch the webhook until a stop signal; report each exit and restart it, backing off on failed starts.
 
-    Returns 1 if etcd or kube-apiserver exits: without them there is nothing left to try.
+    Returns 1 if a control-plane process exits: without it there is nothing left to try.
     """
     delay = restart_delay
     while True:
-        if len(cp.pids) < 2:
-            say(f"\netcd or kube-apiserver exited (running: {', '.join(cp.pids) or 'neither'}); "
-                f"their logs are in {cp.workdir}, which is removed now")
+        if exited := cp.exited():
+            say(f"\n{', '.join(exited)} exited (running: {', '.join(cp.pids) or 'none'}); "
+                f"the logs are in {cp.workdir}, which is removed now")
             return 1
         proc = webhook.proc
         if proc is not None and proc.poll() is None:

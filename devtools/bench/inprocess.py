@@ -82,7 +82,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             t_metrics = per_call(functools.partial(metrics.review, "mutate-pods", reply.request, decision, 1e-3),
                                  repeat, target)
             t_log = 0.0
-            if decision is not None and (decision.patch or not decision.allowed):
+            if decision is not None and (decision.changes or not decision.allowed):
                 t_log = per_call(functools.partial(log_decision, "mutate-pods", reply.request or {}, decision),
                                  repeat, target)
             rows.append((kind, f"{len(body):,}", seen, fmt(t_handle * 1e6, 1), fmt(t_mutate * 1e6, 1),

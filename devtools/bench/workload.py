@@ -112,5 +112,5 @@ def outcome(decision: Any) -> str:
         return "error"
     if not decision.allowed:
         return "denied"
-    return "patched" if decision.patch else "allowed"
+    return "patched" if decision.changes else "allowed"
 

@@ -1,11 +1,12 @@
 """Rollout mode (SPEC.md §4.10): under `warn`, a rule's denial becomes the warning `would deny: <message>`.
 
-The rules always decide as under `deny`; this layer rewrites their decisions. For the mutating webhook a
-warning alone is not enough: the pod must still be mutated as far as the rules can, so that turning
-`deny` on later changes nothing but the answer for the pods that were warned about. `mutate` gets there
-by asking the rules again about a copy of the pod in which each denied part is set aside (a container's
-slice resources, the pod's nodeName, a privileged flag, a bind-time annotation), and then writes the
-patch the rules give for the copy onto the real pod. A container set aside is left as it was written.
+The rules always decide as under `deny`; this layer wraps the pod webhooks' steps (admission.pods) and
+rewrites their decisions, and `admit_request` chains the wrapped steps with `pods.chain`. For the mutating
+webhook a warning alone is not enough: the pod must still be mutated as far as the rules can, so that
+turning `deny` on later changes nothing but the answer for the pods that were warned about. `mutating`
+gets there by asking the step again about a copy of the pod in which each denied part is set aside (a
+container's slice resources, the pod's nodeName, a privileged flag, a bind-time annotation), and then
+makes the changes the rules give for the copy on the real pod. A container set aside is left as it was written.
 
 Malformed reviews (code 400) and a webhook not yet ready (503) are answered the same in both modes: only
 rule denials (403) are softened.
@@ -14,13 +15,17 @@ rule denials (403) are softened.
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
-from ..rules import pods as rules
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision, Patch
+from ..rules.slots import DEFAULT_SCHEDULER
+from . import pods
+from .pods import Handler, chain, mutate_pods, validate_pods
 
 WARN = "warn"
 #: The prefix of every warning that stands for a denial under `warn`.
@@ -40,62 +45,78 @@ def soften(decision: Decision, config: Config) -> Decision:
                     would_deny=[decision.reason or "other"])
 
 
-def mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
-    """The mutating webhook under the configured enforcement; under `warn`, as much of the mutation as the
-    rules allow, with one `would deny` warning per part set aside."""
-    decision = rules.mutate(pod, view, config)
-    if config.enforcement != WARN or not softened(decision):
-        return decision
+def validating(step: Handler) -> Handler:
+    """A validating step under the configured enforcement: under `warn`, its rule denials are warnings."""
+    def warned(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+        return soften(step(request, view, config), config)
+    return warned
+
+
+def mutating(step: Handler) -> Handler:
+    """A mutating step under the configured enforcement; under `warn`, as much of the mutation as the rules
+    allow, with one `would deny` warning per part set aside."""
+    def warned(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+        decision = step(request, view, config)
+        if config.enforcement != WARN or not softened(decision):
+            return decision
+        return _partial(step, request, decision, view, config)
+    return warned
+
+
+def _partial(step: Handler, request: dict[str, Any], decision: Decision, view: ClusterView,
+             config: Config) -> Decision:
+    pod = request.get("object")
     masked: Any = pod
     denials: list[Decision] = []
     while softened(decision) and len(denials) <= _parts(pod) + 3:  # each round sets one part aside
         denials.append(decision)
-        masked = _set_aside(masked, decision, view, config)
+        masked = _set_aside(step, request, masked, decision, view, config)
         if masked is None:
             break
-        decision = rules.mutate(masked, view, config)
+        decision = step({**request, "object": masked}, view, config)
     if masked is None or not decision.allowed:  # nothing more can be mutated: warn, and rewrite the scheduler
         decision = Decision(object=pod)
     patch = Patch(pod)
-    for op in decision.patch:
-        patch.set(_path(pod, op["path"]), op["value"])
+    for change in decision.changes:  # setting parts aside removes keys, never list items: the paths hold
+        patch.set(change.path, change.value)
     mutations = list(decision.mutations)
     if not {"scheduler", "retired-scheduler"} & set(mutations) and _rewrites_scheduler(pod, config):
         patch.set(("spec", "schedulerName"), config.scheduler_name)
         mutations.append("scheduler")
     warnings = [WOULD_DENY + d.message for d in denials]
     warnings += [w for d in denials for w in d.warnings if w not in warnings] + decision.warnings
-    return Decision(warnings=warnings, patch=patch.ops, object=patch.result, mutations=mutations,
+    return Decision(warnings=warnings, changes=patch.changes, object=patch.result, mutations=mutations,
                     would_deny=[d.reason or "other" for d in denials])
 
 
-def validate(pod: Any, view: ClusterView, config: Config) -> Decision:
-    """The validating webhook under the configured enforcement."""
-    return soften(rules.validate(pod, view, config), config)
+def merge(mutated: Decision, checked: Decision) -> Decision:
+    """`chain`'s join under `warn`: the mutating answer followed by the validating one, each warning once (as
+    kubectl prints them), and a denial the mutating step already warned of counted once."""
+    new = [w for w in checked.warnings if w not in mutated.warnings]
+    if not checked.allowed:
+        return replace(checked, warnings=[*mutated.warnings, *new])
+    would_deny = mutated.would_deny
+    if checked.would_deny and _would_deny(checked)[-1] in new:  # not the same denial the mutation warned of
+        would_deny = [*would_deny, *checked.would_deny]
+    return replace(mutated, warnings=[*mutated.warnings, *new], would_deny=would_deny)
+
+
+#: The pod webhooks' steps as the server's table answers them, each under the configured enforcement.
+mutate_step = mutating(mutate_pods)
+validate_step = validating(validate_pods)
+_warned_request = chain(mutate_step, validate_step, merge)
+
+
+def admit_request(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+    """Both pod webhooks for one request, as the API server calls them, under the configured enforcement."""
+    if config.enforcement != WARN:
+        return pods.admit_request(request, view, config)
+    return _warned_request(request, view, config)
 
 
 def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
-    """Both pod webhooks as the API server calls them, under the configured enforcement."""
-    if config.enforcement != WARN:
-        return rules.admit(pod, view, config)
-    if rules.ignores_mutation(pod):
-        return soften(rules.admit(pod, view, config), config)
-    mutated = mutate(pod, view, config)
-    if not mutated.allowed:
-        return mutated
-    return merge(mutated, validate(mutated.object, view, config))
-
-
-def merge(mutated: Decision, checked: Decision) -> Decision:
-    """The mutating answer followed by the validating one, each warning once (as kubectl prints them)."""
-    if not checked.allowed:
-        checked.warnings = mutated.warnings + [w for w in checked.warnings if w not in mutated.warnings]
-        return checked
-    new = [w for w in checked.warnings if w not in mutated.warnings]
-    if checked.would_deny and _would_deny(checked)[-1] in new:  # not the same denial the mutation warned of
-        mutated.would_deny += checked.would_deny
-    mutated.warnings += new
-    return mutated
+    """Both pod webhooks for a pod being created, under the configured enforcement."""
+    return admit_request({"operation": "CREATE", "object": pod}, view, config)
 
 
 def _would_deny(decision: Decision) -> list[str]:
@@ -109,21 +130,24 @@ def _parts(pod: Any) -> int:
     return sum(len(spec.get(g) or []) for g in ("initContainers", "containers") if isinstance(spec.get(g), list))
 
 
-def _set_aside(pod: Any, denial: Decision, view: ClusterView, config: Config) -> Any:
+def _set_aside(step: Handler, request: dict[str, Any], pod: Any, denial: Decision, view: ClusterView,
+               config: Config) -> Any:
     """A copy of `pod` without the part `denial` is about, or None when no part explains it.
 
     Each candidate copy leaves out one thing; the first whose answer no longer carries the denial's
     message is the one. Containers are tried last first, so that of containers that cannot share one card
     the first ones keep their mutation.
     """
+    if not isinstance(pod, dict) or not isinstance(pod.get("spec"), dict):
+        return None
     for candidate in _candidates(pod, config):
-        again = rules.mutate(candidate, view, config)
+        again = step({**request, "object": candidate}, view, config)
         if again.allowed or again.message != denial.message:
             return candidate
     return None
 
 
-def _candidates(pod: dict, config: Config) -> Iterator[dict]:
+def _candidates(pod: dict[str, Any], config: Config) -> Iterator[dict[str, Any]]:
     spec = pod["spec"]
     if spec.get("nodeName"):
         yield _edited(pod, lambda p: p["spec"].pop("nodeName"))
@@ -143,17 +167,18 @@ def _candidates(pod: dict, config: Config) -> Iterator[dict]:
         if isinstance(resources, dict) and any(isinstance(resources.get(part), dict) and
                                                any(r in resources[part] for r in config.slices)
                                                for part in ("limits", "requests")):
-            yield _edited(pod, lambda p, g=group, i=index: _drop_slices(p["spec"][g][i], config))
+            yield _edited(pod, functools.partial(_drop_slices, config=config, at=(group, index)))
 
 
-def _containers(pod: dict) -> Iterator[tuple[str, int, dict]]:
+def _containers(pod: dict[str, Any]) -> Iterator[tuple[str, int, dict[str, Any]]]:
     for group in ("initContainers", "containers"):
         for index, container in enumerate(pod["spec"].get(group) or []):
             if isinstance(container, dict):
                 yield group, index, container
 
 
-def _drop_slices(container: dict, config: Config) -> None:
+def _drop_slices(pod: dict[str, Any], config: Config, at: tuple[str, int]) -> None:
+    container = pod["spec"][at[0]][at[1]]
     for part in ("limits", "requests"):
         values = container["resources"].get(part)
         if isinstance(values, dict):
@@ -161,25 +186,10 @@ def _drop_slices(container: dict, config: Config) -> None:
                 values.pop(resource, None)
 
 
-def _edited(pod: dict, edit: Callable[[dict], object]) -> dict:
+def _edited(pod: dict[str, Any], edit: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
     out = copy.deepcopy(pod)
     edit(out)
     return out
-
-
-def _path(pod: Any, pointer: str) -> tuple[str | int, ...]:
-    """An RFC 6901 pointer of the rules' patch back as a path, list indexes as ints (read against `pod`)."""
-    out: list[str | int] = []
-    node = pod
-    for raw in pointer.split("/")[1:]:
-        key: str | int = raw.replace("~1", "/").replace("~0", "~")
-        if isinstance(node, list):
-            key = int(key)
-            node = node[key] if key < len(node) else None
-        else:
-            node = node.get(key) if isinstance(node, dict) else None
-        out.append(key)
-    return tuple(out)
 
 
 def _rewrites_scheduler(pod: Any, config: Config) -> bool:
@@ -188,7 +198,7 @@ def _rewrites_scheduler(pod: Any, config: Config) -> bool:
     if not isinstance(spec, dict):
         return False
     scheduler = spec.get("schedulerName") or ""
-    if scheduler not in ("", rules.DEFAULT_SCHEDULER, *config.retired_schedulers):
+    if scheduler not in ("", DEFAULT_SCHEDULER, *config.retired_schedulers):
         return False
     return any(isinstance(c.get("resources"), dict) and
                any(isinstance(c["resources"].get(part), dict) and any(r in c["resources"][part] for r in config.slices)

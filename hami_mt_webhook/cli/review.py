@@ -17,7 +17,9 @@ from typing import Any, TextIO
 import orjson
 import yaml
 
-from ..admission import enforcement, review
+from ..admission import review
+from ..admission.enforcement import soften
+from ..admission.workloads import check as check_workload
 from ..rules import workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
@@ -83,8 +85,7 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
                              "...) as kubectl needs it too")
         elif kind in ("Pod", "AdmissionReview"):
             out.append(Item(source, doc))
-        elif workloads.of(doc) is not None:
-            entry = workloads.of(doc)
+        elif (entry := workloads.of(doc)) is not None:
             if workloads.template(doc, entry) is None:
                 raise InputError(f"{source}: {workloads.label(doc, entry)} has no pod template at "
                                  f"{workloads.template_path(entry)}")
@@ -95,7 +96,7 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
 
 
 def _name(doc: dict[str, Any]) -> tuple[Any, Any]:
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    meta: dict[str, Any] = doc["metadata"] if isinstance(doc.get("metadata"), dict) else {}
     return meta.get("name") or meta.get("generateName"), meta.get("namespace")
 
 
@@ -108,7 +109,7 @@ def skipped_line(item: Item) -> dict[str, Any]:
 def view_from(node_files: Iterable[str], config: Config) -> ClusterView:
     nodes = []
     for source, doc in read_documents(node_files):
-        entries = doc.get("items") if isinstance(doc, dict) and isinstance(doc.get("items"), list) else [doc]
+        entries = doc["items"] if isinstance(doc, dict) and isinstance(doc.get("items"), list) else [doc]
         for node in entries:
             if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
                 raise InputError(f"{source}: expected Node objects (kubectl get nodes -o yaml)")
@@ -126,14 +127,14 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
         return out, decision.allowed
     kind = workloads.of(item.doc)
     if kind is not None:  # what validate-workloads answers when the workload is created
-        decision = enforcement.soften(workloads.check(item.doc, kind, view, config), config)
+        decision = soften(check_workload(item.doc, kind, view, config), config)
     else:
         decision = review.admit(item.doc, view, config)
     return summary(item.doc, decision), decision.allowed
 
 
 def summary(pod: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    meta = pod.get("metadata") if isinstance(pod.get("metadata"), dict) else {}
+    meta: dict[str, Any] = pod["metadata"] if isinstance(pod.get("metadata"), dict) else {}
     return {
         "name": meta.get("name") or meta.get("generateName"),
         "namespace": meta.get("namespace") or "default",
@@ -151,7 +152,7 @@ JUDGED = f"Pods, workloads ({WORKLOADS}), training jobs ({TRAINING}), Lists of t
 
 def pod_spec(item: Item) -> dict[str, Any] | None:
     """The pod spec an item is judged by: the Pod's, the workload's template's, or the review's object's."""
-    doc = item.doc
+    doc: Any = item.doc
     if doc.get("kind") == "AdmissionReview":
         request = doc.get("request")
         doc = request.get("object") if isinstance(request, dict) else None

@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import urllib3
@@ -25,8 +25,10 @@ from kubernetes import client
 from kubernetes import config as kubeconfig_loader
 from kubernetes.config.config_exception import ConfigException
 
-from . import checks
-from .checks import Cluster, Obj, Served
+from . import model
+from .components import device_configmap
+from .model import Cluster, Obj, Served
+from .registration import deployments_behind
 
 #: Objects per page of a list: a large cluster's pods arrive in pieces.
 PAGE = 500
@@ -91,6 +93,7 @@ class Api:
         except urllib3.exceptions.HTTPError as err:
             reason = getattr(err, "reason", None) or err
             raise CannotRun(f"cannot reach the API server at {self.server}: {reason}") from None
+        body: Any
         try:
             body = json.loads(resp.data) if resp.data else {}
         except ValueError:
@@ -161,54 +164,54 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
     cluster = Cluster(now=now or dt.datetime.now(dt.UTC))
     for key in LISTS:
         setattr(cluster, key, api.items(key))
-    hooks = [(kind, hook) for kind, _, hook in checks.all_webhooks(cluster)]
-    ours = checks.registered(cluster)
+    hooks = [(kind, hook) for kind, _, hook in model.all_webhooks(cluster)]
+    ours = model.registered(cluster)
     for _, _, hook in ours.values():
-        svc = checks.mapping(checks.mapping(hook.get("clientConfig")).get("service"))
-        if svc and not any(checks.namespace_of(s) == svc.get("namespace") and checks.name_of(s) == svc.get("name")
+        svc = model.mapping(model.mapping(hook.get("clientConfig")).get("service"))
+        if svc and not any(model.namespace_of(s) == svc.get("namespace") and model.name_of(s) == svc.get("name")
                            for s in cluster.services):
             found = api.optional(f"/api/v1/namespaces/{svc.get('namespace')}/services/{svc.get('name')}",
                                  f"Service {svc.get('namespace')}/{svc.get('name')}", cluster)
             if found is not None:
                 cluster.services.append(found)
     for _, hook in hooks:
-        if hook.get("name") == checks.HAMI_WEBHOOK:
-            ns, name = checks.device_configmap(checks.mapping(hook.get("clientConfig")))
+        if hook.get("name") == model.HAMI_WEBHOOK:
+            ns, name = device_configmap(model.mapping(hook.get("clientConfig")))
             found = api.optional(f"/api/v1/namespaces/{ns}/configmaps/{name}", f"ConfigMap {ns}/{name}", cluster)
             if found is not None:
                 cluster.configmaps.append(found)
     for _, _, hook in ours.values():
-        client_config = checks.mapping(hook.get("clientConfig"))
-        key = checks.endpoint(client_config)
+        client_config = model.mapping(hook.get("clientConfig"))
+        key = model.endpoint(client_config)
         if key not in cluster.served:
             cluster.served[key] = _served(api, cluster, client_config, probe)
     return cluster
 
 
-def _served(api: Api, cluster: Cluster, client_config: Obj, probe: Probe) -> Served:
+def _served(api: Api, cluster: Cluster, client_config: Mapping[str, Any], probe: Probe) -> Served:
     """What the endpoint serves: a handshake with it (a URL, or the Service's DNS name inside the cluster),
     else the certificate in the Secret that the Service's pods mount."""
-    host, port = checks.endpoint_host(client_config)
+    host, port = model.endpoint_host(client_config)
     try:
         return Served(pem=probe(host, port), source=f"served at {host}:{port}")
     except (OSError, ssl.SSLError) as err:
         reached = f"{host}:{port} is not reachable from here ({err.strerror or err})"
-    svc = checks.mapping(client_config.get("service"))
+    svc = model.mapping(client_config.get("service"))
     if not svc:
         return Served(error=reached)
-    service = next((s for s in cluster.services if checks.namespace_of(s) == svc.get("namespace")
-                    and checks.name_of(s) == svc.get("name")), None)
-    for deploy in checks.deployments_behind(service, cluster.deployments) if service else []:
-        spec = checks.mapping(checks.mapping(checks.mapping(deploy.get("spec")).get("template")).get("spec"))
-        for volume in checks.sequence(spec.get("volumes")):
-            secret = checks.mapping(checks.mapping(volume).get("secret")).get("secretName")
+    service = next((s for s in cluster.services if model.namespace_of(s) == svc.get("namespace")
+                    and model.name_of(s) == svc.get("name")), None)
+    for deploy in deployments_behind(service, cluster.deployments) if service else []:
+        spec = model.mapping(model.mapping(model.mapping(deploy.get("spec")).get("template")).get("spec"))
+        for volume in model.sequence(spec.get("volumes")):
+            secret = model.mapping(model.mapping(volume).get("secret")).get("secretName")
             if not secret:
                 continue
-            what = f"Secret {checks.namespace_of(deploy)}/{secret}"
-            body = api.optional(f"/api/v1/namespaces/{checks.namespace_of(deploy)}/secrets/{secret}", what, cluster)
-            crt = checks.mapping((body or {}).get("data")).get("tls.crt")
+            what = f"Secret {model.namespace_of(deploy)}/{secret}"
+            body = api.optional(f"/api/v1/namespaces/{model.namespace_of(deploy)}/secrets/{secret}", what, cluster)
+            crt = model.mapping((body or {}).get("data")).get("tls.crt")
             if crt:
                 return Served(pem=base64.b64decode(crt),
-                              source=f"in {what} (mounted by Deployment {checks.ref(deploy)})")
+                              source=f"in {what} (mounted by Deployment {model.ref(deploy)})")
             return Served(error=f"{reached}; {what}: {cluster.unreadable.get(what, 'no tls.crt in it')}")
     return Served(error=f"{reached}, and no Deployment behind the Service mounts a TLS Secret doctor could read")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,7 +108,7 @@ class ClusterView:
     def __len__(self) -> int:
         return len(self._nodes)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[NodeReport]:
         return iter(self._nodes.values())
 
     def upsert(self, node: NodeReport) -> None:
@@ -289,10 +289,10 @@ def _requirement(labels: Mapping[str, str], expr: Any) -> bool:
     if op == "DoesNotExist":
         return not present
     if op in ("Gt", "Lt"):
-        if not present or len(values) != 1:
+        if value is None or len(values) != 1:
             return False
         try:
-            have, want = int(value), int(values[0])  # type: ignore[arg-type]
+            have, want = int(value), int(values[0])
         except (TypeError, ValueError):
             return False
         return have > want if op == "Gt" else have < want

@@ -1,7 +1,8 @@
 """The outcome of admitting one pod: allowed or denied, warnings, and a minimal JSON Patch.
 
-The patch is written while the rules decide, one operation per changed field, and the patched
-object is built alongside it by copying only the dicts and lists on the changed paths.
+The patch is written while the rules decide, one change per changed field, and the patched
+object is built alongside it by copying only the dicts and lists on the changed paths. Changes keep
+tuple paths; they become JSON Patch (RFC 6901 pointers) only when an answer is written out.
 """
 
 from __future__ import annotations
@@ -9,9 +10,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 Path = tuple[str | int, ...]
+
+
+class Change(NamedTuple):
+    """One JSON Patch operation, its path still a tuple of keys and indexes."""
+
+    op: str  # "add" or "replace"
+    path: Path
+    value: Any
+
+
+def json_patch(changes: Sequence[Change]) -> list[dict[str, Any]]:
+    """The changes as JSON Patch operations, paths written as pointers."""
+    return [{"op": c.op, "path": pointer(c.path), "value": c.value} for c in changes]
 
 
 @lru_cache(maxsize=1024)
@@ -21,13 +35,18 @@ def pointer(path: Path) -> str:
 
 
 class Patch:
-    """JSON Patch operations plus the copy-on-write object they produce."""
+    """Changes plus the copy-on-write object they produce."""
 
     def __init__(self, original: Any) -> None:
         self.original = original
         self.result = original
-        self.ops: list[dict[str, Any]] = []
+        self.changes: list[Change] = []
         self._own: set[int] = set()  # ids of containers copied by this patch, safe to write into
+
+    @property
+    def ops(self) -> list[dict[str, Any]]:
+        """The changes as JSON Patch."""
+        return json_patch(self.changes)
 
     def set(self, path: Path, value: Any) -> None:
         """Make `path` hold `value`, creating missing parents with one `add` of the nested value."""
@@ -58,7 +77,7 @@ class Patch:
             self.set((*path, key), value)
 
     def _write(self, path: Path, value: Any, present: bool) -> None:
-        self.ops.append({"op": "replace" if present else "add", "path": pointer(path), "value": value})
+        self.changes.append(Change("replace" if present else "add", path, value))
         self.result = self._owned(self.result)
         node = self.result
         for key in path[:-1]:
@@ -89,6 +108,17 @@ def _has(node: Any, key: str | int) -> bool:
     return isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)
 
 
+class Denied(Exception):
+    """Raised inside the rules where a check fails; the rule's caller turns it into a denial."""
+
+    def __init__(self, message: str, reason: str, code: int = 403) -> None:
+        super().__init__(message)
+        self.message, self.reason, self.code = message, reason, code
+
+    def decision(self, obj: Any = None) -> Decision:
+        return Decision.deny(self.message, self.reason, self.code, obj=obj)
+
+
 @dataclass
 class Decision:
     """What the webhook answers for one pod."""
@@ -98,10 +128,15 @@ class Decision:
     message: str = ""
     reason: str = ""  # a short machine-readable cause of a denial, for metrics and logs
     warnings: list[str] = field(default_factory=list)
-    patch: list[dict[str, Any]] = field(default_factory=list)
-    object: Any = None  # the pod after the patch
+    changes: Sequence[Change] = ()
+    object: Any = None  # the pod after the changes
     mutations: list[str] = field(default_factory=list)  # kinds of change: exclusive, snap, vendor-form, ...
     would_deny: list[str] = field(default_factory=list)  # reasons of denials turned into warnings (SPEC.md §4.10)
+
+    @property
+    def patch(self) -> list[dict[str, Any]]:
+        """The changes as JSON Patch, as the AdmissionReview response and `review -o json` carry them."""
+        return json_patch(self.changes)
 
     @classmethod
     def deny(cls, message: str, reason: str, code: int = 403, obj: Any = None,

@@ -106,7 +106,8 @@ def parse(text: str) -> Decimal:
             amount = amount.scaleb(exponent)
         else:
             raise ValueError(f"unknown suffix in {text[:64]!r}")
-        if amount.as_tuple().exponent < -9:  # finer than a nano unit: up, away from zero
+        places = amount.as_tuple().exponent  # an int: the amount is finite
+        if isinstance(places, int) and places < -9:  # finer than a nano unit: up, away from zero
             amount = amount.quantize(_NANO, rounding=ROUND_UP)
         return amount
 

@@ -1,10 +1,7 @@
-"""Workload pod templates, checked by the pod rules when the workload is applied (`validate-workloads`).
+"""Workload pod templates: where each kind keeps one, and the pod a controller would create from it.
 
-A pod-only webhook accepts a Deployment whose pods it will refuse: the refusal then shows only as
-FailedCreate events on a ReplicaSet (or, for a training job, as an event under its operator). Here each
-pod template is turned into the pod a controller would create and run through mutate-then-validate, so
-`kubectl apply` is denied with the same message, and the changes pod creation will make come back as
-warnings. The workload itself is never patched.
+`validate-workloads` (admission.workloads) runs each template's pod through both pod webhooks, so a
+workload whose pods would be refused is refused when it is applied.
 
 `KINDS` is the one table of what is checked and where each kind keeps its templates: the handler, the
 offline `review`, and the workload webhook's rules and matchConditions (generated from it, and checked
@@ -17,10 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from . import pods as rules
-from .capacity import ClusterView
-from .config import Config
-from .decision import Decision
+from .slots import DEFAULT_SCHEDULER
 from .text import clip
 
 #: A step of a template path that stands for every value of a map (`.*`) or every item of a list (`[*]`).
@@ -179,51 +173,5 @@ def pod_of(workload: Any, kind: str | Kind, tpl: dict[str, Any] | None = None) -
     if isinstance(spec, Mapping):
         spec = dict(spec)
         if not spec.get("schedulerName"):
-            spec["schedulerName"] = _job_scheduler(workload, entry) or rules.DEFAULT_SCHEDULER
+            spec["schedulerName"] = _job_scheduler(workload, entry) or DEFAULT_SCHEDULER
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-
-
-def check(workload: Any, kind: str | Kind, view: ClusterView, config: Config, old: Any = None) -> Decision:
-    """The validate-workloads answer: deny what pod creation would deny, warn what it would change.
-
-    `old` is the stored object on UPDATE. An update that leaves the templates as they were is never denied
-    (scaling a Deployment created before this webhook must keep working); it only warns when the
-    templates' pods would be denied. The decision's object is the workload, unchanged, with no patch.
-    A kind with several templates (a training job's launcher and workers) names the template in each
-    message; the first template whose pods would be denied decides.
-    """
-    entry = find(kind)
-    assert entry is not None, kind
-    name = label(workload, entry)
-    found = list(templates(workload, entry))
-    if not found:
-        return Decision.deny(f"{name} has no pod template at {template_path(entry)}", "malformed", 400,
-                             obj=workload)
-    named = len(entry.paths) > 1 or any(MAP in p or LIST in p for p in entry.paths)
-    warnings: list[str] = []
-    denial: Decision | None = None
-    waiting = False
-    for where, tpl in found:
-        pod = pod_of(workload, entry, tpl)
-        decision = rules.admit(pod, view, config)  # a template labelled hami.io/webhook: ignore: validation only
-        prefix = f"{name}: {where}" if named else name
-        if decision.reason == "not-ready":
-            waiting = True
-            continue
-        warnings += [f"{prefix}: {w}" for w in decision.warnings]
-        if not decision.allowed and denial is None:
-            denial = Decision.deny(f"{prefix}: {decision.message}", decision.reason, decision.code, obj=workload)
-    if old is not None and list(templates(old, entry)) == found:
-        if denial is None:
-            return Decision(object=workload)
-        return Decision(object=workload, warnings=[
-            f"{name}: the pod template is unchanged, so this update is allowed, but its pods will be denied: "
-            f"{denial.message[len(name) + 2:]}"])
-    if denial is not None:
-        denial.warnings = warnings
-        return denial
-    if waiting:
-        # Controllers retry pod creation, and every pod is checked then; holding up the workload helps nobody.
-        warnings.append(f"{name}: the pod template could not be checked yet (hami-mt-webhook has not read the "
-                        "nodes' sGPU capacities); its pods are checked when they are created")
-    return Decision(object=workload, warnings=warnings)

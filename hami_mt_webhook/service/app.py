@@ -14,7 +14,8 @@ from typing import Any
 import aiohttp.web
 import kopf
 
-from . import nodewatch
+from . import nodewatch, quotawatch
+from .nodefeed import NodeFeed
 from .probes import health_app
 from .server import AdmissionServer
 from .state import State
@@ -32,7 +33,8 @@ def register(registry: kopf.OperatorRegistry, state: State) -> None:
 
 async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
               metrics_port: int | None, node_watch: str = "auto", node_selector: str | None = None) -> None:
-    """Run kopf (login, webhook server, signals) with the node watch and the probe and metrics listeners."""
+    """Run kopf (login, webhook server, signals) with the node and quota watches and the probe and metrics
+    listeners."""
     gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
     registry = kopf.OperatorRegistry()
     register(registry, state)
@@ -42,10 +44,13 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     settings.posting.enabled = False
     settings.scanning.disabled = True
     settings.peering.standalone = True
-    feed = nodewatch.NodeFeed(state.view, state.config, state.metrics)
+    feed = NodeFeed(state.view, state.config, state.metrics)
     watch = nodewatch.NodeWatch(feed, lambda: nodewatch.login(settings), mode=node_watch,
                                 label_selector=node_selector)
     watcher = asyncio.create_task(_keep_watching(watch), name="node watch")
+    quotas = quotawatch.quota_watch(state.quotas, state.config, lambda: nodewatch.login(settings),
+                                    mode=node_watch)
+    quota_watcher = asyncio.create_task(_keep_watching(quotas), name="quota watch")
     runners = []
     try:
         runner = aiohttp.web.AppRunner(health_app(state), access_log=None)
@@ -57,6 +62,7 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
         await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True)
     finally:
         watcher.cancel()
+        quota_watcher.cancel()
         for runner in runners:
             await runner.cleanup()
 
@@ -69,5 +75,5 @@ async def _keep_watching(watch: nodewatch.NodeWatch) -> None:
         except asyncio.CancelledError:
             raise
         except Exception:
-            logger.exception("the node watch failed; restarting it in 1 s")
+            logger.exception("the %s failed; restarting it in 1 s", watch.what)
             await asyncio.sleep(1.0)

@@ -63,8 +63,8 @@ class ReviewHandler:
             reply = review.Reply(400, b'{"error":"the review could not be evaluated"}')
         state.metrics.review(label, reply.request, reply.decision, time.perf_counter() - started)
         decision = reply.decision
-        notable = decision is not None and (decision.patch or not decision.allowed or decision.would_deny)
-        if notable and logger.isEnabledFor(logging.INFO):
+        if decision is not None and (decision.changes or not decision.allowed or decision.would_deny) \
+                and logger.isEnabledFor(logging.INFO):
             try:
                 log_decision(webhook, reply.request or {}, decision)
             except Exception:  # a log line must never cost an answer
@@ -86,18 +86,18 @@ class ReviewHandler:
             body = await request.read()
             if isinstance(protocol, GuardedHandler):
                 protocol.request_read()
-            return review.handle(body, webhook, state.view, state.config)
+            return review.handle(body, webhook, state.view, state.config, state.quotas)
         async with self._big_lane:
             body = await request.read()
             if isinstance(protocol, GuardedHandler):
                 protocol.request_read()
             if review.route(webhook, state.config)[0] not in review.WEBHOOKS:
-                return review.handle_parsed({}, webhook, state.view, state.config)
+                return review.handle_parsed({}, webhook, state.view, state.config, state.quotas)
             try:
                 parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
             except review.BadReview as err:
                 return review.Reply(400, orjson.dumps({"error": str(err)}))
-        return review.handle_parsed(parsed, webhook, state.view, state.config)
+        return review.handle_parsed(parsed, webhook, state.view, state.config, state.quotas)
 
 
 def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> None:
@@ -115,7 +115,7 @@ def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> N
     if decision.would_deny:  # rollout mode: the denial that `deny` would have answered
         shown = [w for w in decision.warnings if w.startswith(enforcement.WOULD_DENY)]
         logger.info("%s", "; ".join(shown), extra={**extra, "reason": ",".join(decision.would_deny)})
-    if decision.patch:
+    if decision.changes:
         logger.info("mutated: %s", ", ".join(decision.mutations), extra={**extra, "warnings": decision.warnings})
 
 

@@ -34,7 +34,7 @@ class JsonLines(logging.Formatter):
         return orjson.dumps(out, default=str).decode()
 
 
-class BatchedStreamHandler(logging.StreamHandler):
+class BatchedStreamHandler(logging.StreamHandler[TextIO]):
     """A StreamHandler that flushes on a timer rather than after every line.
 
     Errors and above are flushed at once: they may be the last thing a dying process says.
@@ -52,7 +52,7 @@ class BatchedStreamHandler(logging.StreamHandler):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record) + self.terminator
-            with self.lock:  # type: ignore[union-attr]
+            with self.lock:  # type: ignore[union-attr]  # created in Handler.__init__ (createLock); typeshed allows None  # created in Handler.__init__ (createLock); typeshed allows None
                 self.stream.write(line)
                 self._dirty = True
             if record.levelno >= logging.ERROR:
@@ -63,7 +63,7 @@ class BatchedStreamHandler(logging.StreamHandler):
             self.handleError(record)
 
     def flush(self) -> None:
-        with self.lock:  # type: ignore[union-attr]
+        with self.lock:  # type: ignore[union-attr]  # created in Handler.__init__ (createLock); typeshed allows None
             self._dirty = False
             if self.stream and hasattr(self.stream, "flush"):
                 self.stream.flush()

@@ -68,7 +68,7 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def review(self, webhook: str, request: dict | None, decision: Decision | None, seconds: float) -> None:
+    def review(self, webhook: str, request: dict[str, Any] | None, decision: Decision | None, seconds: float) -> None:
         if decision is None:
             self._child(self.bad_requests, webhook).inc()
             return
@@ -76,7 +76,7 @@ class Metrics:
         if operation not in OPERATIONS:  # label values from a request must not grow the series without bound
             operation = "other"
         dry = "true" if request and request.get("dryRun") is True else "false"
-        result = "patched" if decision.patch else ("allowed" if decision.allowed else "denied")
+        result = "patched" if decision.changes else ("allowed" if decision.allowed else "denied")
         self._child(self.reviews, webhook, operation, dry, result).inc()
         self._child(self.duration, webhook).observe(seconds)
         for kind in decision.mutations:

@@ -46,34 +46,36 @@ class Expired(WatchError):
 class Build:
     """A set of nodes being built from initial events or list pages, not yet visible to reviews."""
 
-    nodes: dict[str, NodeReport] = field(default_factory=dict)
+    nodes: dict[str, Any] = field(default_factory=dict)  # name -> what the view keeps of the object
 
-    def apply(self, kind: str, name: str, node: NodeReport | None) -> None:
+    def apply(self, kind: str, name: str, node: Any) -> None:
         if kind == "DELETED" or node is None:
             self.nodes.pop(name, None)
         else:
             self.nodes[name] = node
 
 
-class NodeFeed:
-    """The pure part of the watch: events in, the view (and its readiness) kept up to date.
+class Feed:
+    """The pure part of a watch: events in, a view (and its readiness) kept up to date.
 
     It holds the resourceVersion to resume from, and a `Build` while a complete set is arriving.
+    Subclasses say what one object does to their view (`node`) and how a complete set replaces it.
     """
 
-    def __init__(self, view: ClusterView, config: Config, metrics: Metrics | None = None) -> None:
-        self.view, self.config, self.metrics = view, config, metrics
-        self.resource_version: str | None = None
-        self.build: Build | None = None
-        self.synced_at: float | None = None  # wall time the view was last known complete and current
-        self.noted: dict[str, int] = {}  # node -> the odd per-card capacity already logged for it (§2: once)
+    resource_version: str | None = None
+    build: Build | None = None
+    synced_at: float | None = None  # wall time the view was last known complete and current
+    metrics: Metrics | None = None
 
     def start_build(self) -> None:
-        """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
-        self.build = Build()
-        self.resource_version = None
-        logger.info("node view: reading the complete node set (%s)", "first sync" if not self.view.ready
-                    else f"rebuild; {len(self.view)} sliced nodes keep answering meanwhile")
+        raise NotImplementedError
+
+    def node(self, kind: str, obj: dict[str, Any]) -> None:
+        """Apply one object (named `node` for the Node watch, whose objects it was written for)."""
+        raise NotImplementedError
+
+    def finish_build(self, resource_version: str | None) -> None:
+        raise NotImplementedError
 
     def line(self, raw: bytes) -> None:
         """One watch event, as the API server sends it (a JSON object)."""
@@ -102,6 +104,24 @@ class NodeFeed:
         self.node(kind, obj)
         if self.build is None and rv:
             self.resource_version = rv
+
+
+class NodeFeed(Feed):
+    """Node events in, the node view (and its readiness) kept up to date."""
+
+    def __init__(self, view: ClusterView, config: Config, metrics: Metrics | None = None) -> None:
+        self.view, self.config, self.metrics = view, config, metrics
+        self.resource_version: str | None = None
+        self.build: Build | None = None
+        self.synced_at: float | None = None
+        self.noted: dict[str, int] = {}  # node -> the odd per-card capacity already logged for it (§2: once)
+
+    def start_build(self) -> None:
+        """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
+        self.build = Build()
+        self.resource_version = None
+        logger.info("node view: reading the complete node set (%s)", "first sync" if not self.view.ready
+                    else f"rebuild; {len(self.view)} sliced nodes keep answering meanwhile")
 
     def node(self, kind: str, obj: dict[str, Any]) -> None:
         """Apply one Node object: into the build while one is arriving, else straight into the view."""

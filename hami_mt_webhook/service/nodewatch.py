@@ -50,7 +50,7 @@ import aiohttp
 import kopf
 import orjson
 
-from .nodefeed import Expired, NodeFeed, WatchError, batches
+from .nodefeed import Expired, Feed, WatchError, batches
 
 logger = logging.getLogger("hami_mt_webhook")
 
@@ -64,13 +64,14 @@ Login = Callable[[], kopf.ConnectionInfo | None]
 
 
 class NodeWatch:
-    """Keeps a `NodeFeed` connected to the API server until cancelled."""
+    """Keeps a `Feed` connected to the API server until cancelled: Nodes, or what `path` lists."""
 
-    def __init__(self, feed: NodeFeed, login: Login, *, mode: str = "auto", label_selector: str | None = None,
-                 watch_seconds: int = 300) -> None:
+    def __init__(self, feed: Feed, login: Login, *, mode: str = "auto", label_selector: str | None = None,
+                 watch_seconds: int = 300, path: str = NODES, what: str = "node watch") -> None:
         if mode not in MODES:
             raise ValueError(f"node watch mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.feed, self.login, self.mode = feed, login, mode
+        self.path, self.what = path, what
         self.label_selector = label_selector
         self.watch_seconds = watch_seconds
         self.connected = False
@@ -93,32 +94,32 @@ class NodeWatch:
         while True:
             info = self.login()
             if info is None:
-                raise kopf.LoginError("no kubeconfig and no service account to watch Nodes with")
+                raise kopf.LoginError(f"no kubeconfig and no service account for the {self.what}")
             try:
                 async with _session(info) as session:
                     if self.mode == "auto":
-                        self.mode = await _choose_mode(session, info.server)
+                        self.mode = await _choose_mode(session, info.server, self.what)
                     while True:
                         await self._once(session, info.server)
                         delay, self.failures = BACKOFF_START, 0  # a watch that ended cleanly: reconnect at once
             except asyncio.CancelledError:
                 raise
             except Expired as err:
-                logger.info("node watch: %s; building the node set anew", err)
+                logger.info("%s: %s; building the set anew", self.what, err)
                 self.feed.resource_version = None
                 delay = 0.0
             except (TimeoutError, WatchError, aiohttp.ClientError, OSError, ValueError) as err:
                 if isinstance(err, WatchError) and err.status == 422 and self.mode == "stream":
-                    logger.warning("node watch: the API server refuses streaming lists (%s); "
-                                   "using paged lists", err)
+                    logger.warning("%s: the API server refuses streaming lists (%s); using paged lists",
+                                   self.what, err)
                     self.mode = "list"
                     delay = 0.0
                 else:
                     self.failures += 1
                     # The first failure and then one a minute: an outage must not flood the log.
                     level = logging.WARNING if self.failures % 30 == 1 else logging.DEBUG
-                    logger.log(level, "node watch interrupted (%s: %s); retrying in %.1f s (failure %d in a row)",
-                               type(err).__name__, err, delay, self.failures)
+                    logger.log(level, "%s interrupted (%s: %s); retrying in %.1f s (failure %d in a row)",
+                               self.what, type(err).__name__, err, delay, self.failures)
             finally:
                 self.connected = False
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
@@ -144,7 +145,7 @@ class NodeWatch:
         else:
             params["resourceVersion"] = feed.resource_version
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.watch_seconds + 60)
-        async with session.get(server + NODES, params=params, timeout=timeout) as resp:
+        async with session.get(server + self.path, params=params, timeout=timeout) as resp:
             await _check(resp)
             self.connected, self.failures = True, 0
             if feed.build is None:
@@ -163,7 +164,7 @@ class NodeWatch:
         if self.label_selector:
             params["labelSelector"] = self.label_selector
         while True:
-            async with session.get(server + NODES, params=params) as resp:
+            async with session.get(server + self.path, params=params) as resp:
                 await _check(resp)
                 page = orjson.loads(await resp.read())
             for obj in page.get("items") or ():
@@ -184,7 +185,7 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
     raise cls(f"HTTP {resp.status} from {resp.url.path}: {text}", resp.status)
 
 
-async def _choose_mode(session: aiohttp.ClientSession, server: str) -> str:
+async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = "node watch") -> str:
     """Streaming lists from Kubernetes 1.27 on; paged lists before (they ignore sendInitialEvents)."""
     async with session.get(server + "/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
         await _check(resp)
@@ -195,7 +196,7 @@ async def _choose_mode(session: aiohttp.ClientSession, server: str) -> str:
     except ValueError:
         return "stream"
     mode = "stream" if (major, minor) >= (1, 27) else "list"
-    logger.info("node watch: Kubernetes %s.%s, %s", major, minor,
+    logger.info("%s: Kubernetes %s.%s, %s", what, major, minor,
                 "streaming list (WatchList)" if mode == "stream" else "paged list, then watch")
     return mode
 

@@ -11,10 +11,12 @@ import orjson
 import pytest
 
 from hami_mt_webhook.admission import enforcement, review
-from hami_mt_webhook.rules import pods as rules
-from hami_mt_webhook.rules import workloads
+from hami_mt_webhook.admission.pods import mutate_pods
+from hami_mt_webhook.admission.workloads import check as check_workload
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS, Config
+from hami_mt_webhook.rules.decision import Decision
+from hami_mt_webhook.rules.quota import QuotaIndex
 from hami_mt_webhook.service.metrics import Metrics
 from tests.builders import (
     CORE,
@@ -33,6 +35,11 @@ from tests.builders import (
 
 DENY, WARN = Config(), Config(enforcement="warn")
 FILLED_S5000 = {VGPU: "1", MEMORY: "160", CORE: "16"}
+
+
+def mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
+    """mutate-pods, as the server's table answers it under `config`, for a pod being created."""
+    return enforcement.mutate_step({"operation": "CREATE", "object": pod}, view, config)
 
 
 def answer(body: dict[str, Any], webhook: str, config: Config = DENY) -> dict[str, Any]:
@@ -75,7 +82,7 @@ def test_every_denial_becomes_a_would_deny_warning_with_its_own_message(case: st
 def test_a_container_whose_own_values_are_invalid_is_left_and_the_others_are_filled() -> None:
     pod = make_pod(container("bad", limits={VGPU: 1, MEMORY: "1.5"}), container("good", limits={VGPU: 1, MEMORY: 20}),
                    nodeSelector=ON_S5000)
-    warned = enforcement.mutate(pod, nodes_view(), WARN)
+    warned = mutate(pod, nodes_view(), WARN)
     assert warned.allowed and warned.would_deny == ["quantity"]
     assert warned.warnings[0].startswith('would deny: container "bad": mthreads.com/sgpu-memory limit "1.5" is not')
     assert any("snapped up to 32" in w for w in warned.warnings)
@@ -90,7 +97,7 @@ def test_a_container_whose_own_values_are_invalid_is_left_and_the_others_are_fil
 def test_pod_level_denials_leave_the_containers_mutated() -> None:
     pod = make_pod(container(limits={VGPU: 1}, securityContext={"privileged": True}), nodeName="s5000-node",
                    nodeSelector=ON_S5000)
-    warned = enforcement.mutate(pod, nodes_view(), WARN)
+    warned = mutate(pod, nodes_view(), WARN)
     assert warned.would_deny == ["node-name", "privileged"]
     assert warned.object["spec"]["containers"][0]["resources"]["limits"] == FILLED_S5000
     assert warned.object["spec"]["nodeName"] == "s5000-node"  # only the rules' own changes are made
@@ -99,7 +106,7 @@ def test_pod_level_denials_leave_the_containers_mutated() -> None:
 
 def test_containers_that_cannot_share_a_card_keep_the_first_ones_mutation() -> None:
     pod, _ = DENIED["one-card"]
-    warned = enforcement.mutate(pod, nodes_view(), WARN)
+    warned = mutate(pod, nodes_view(), WARN)
     a, b = (c["resources"]["limits"] for c in warned.object["spec"]["containers"])
     assert a == {VGPU: "1", MEMORY: "128"} and b == {VGPU: "1", MEMORY: "64"}
     assert warned.object["spec"]["containers"][0]["resources"]["requests"] == a
@@ -108,8 +115,8 @@ def test_containers_that_cannot_share_a_card_keep_the_first_ones_mutation() -> N
 def test_warn_output_is_idempotent() -> None:
     """§4.7 holds under warn too: the webhook's own output, admitted again, gets no patch."""
     for pod, _ in DENIED.values():
-        first = enforcement.mutate(pod, nodes_view(), WARN)
-        again = enforcement.mutate(first.object, nodes_view(), WARN)
+        first = mutate(pod, nodes_view(), WARN)
+        again = mutate(first.object, nodes_view(), WARN)
         assert again.allowed and again.patch == [], pod
 
 
@@ -134,13 +141,13 @@ def test_malformed_reviews_are_answered_the_same_in_both_modes(body: bytes, webh
 
 def test_a_webhook_not_yet_ready_still_refuses_under_warn() -> None:
     pod = make_pod()
-    decision = enforcement.mutate(pod, ClusterView(ready=False), WARN)
+    decision = mutate(pod, ClusterView(ready=False), WARN)
     assert not decision.allowed and decision.code == 503
 
 
 def test_a_pod_nothing_of_which_can_be_mutated_still_gets_the_scheduler() -> None:
     pod = make_pod(container(limits={VGPU: 1, WHOLE: 1}), schedulerName="mt-old")
-    warned = enforcement.mutate(pod, nodes_view(), dataclasses.replace(WARN, retired_schedulers=("mt-old",)))
+    warned = mutate(pod, nodes_view(), dataclasses.replace(WARN, retired_schedulers=("mt-old",)))
     assert warned.would_deny == ["mixing"] and warned.mutations == ["scheduler"]
     assert warned.patch == [{"op": "replace", "path": "/spec/schedulerName", "value": SCHEDULER}]
 
@@ -187,7 +194,7 @@ def test_workload_under_warn_warns_with_its_usual_message() -> None:
     warned = answer(body, "warn/validate-workloads")
     assert warned["allowed"] is True and warned["warnings"][-1] == "would deny: " + denied["status"]["message"]
     assert "patch" not in warned
-    check = workloads.check(deployment, "Deployment", nodes_view(), DENY)
+    check = check_workload(deployment, "Deployment", nodes_view(), DENY)
     assert enforcement.soften(check, WARN).would_deny == [check.reason]
 
 
@@ -205,8 +212,25 @@ def test_would_deny_is_counted_by_rule() -> None:
 
 def test_deny_mode_is_unchanged_by_the_transform() -> None:
     for pod, _ in DENIED.values():
-        assert enforcement.mutate(pod, nodes_view(), DENY) == rules.mutate(pod, nodes_view(), DENY)
+        request = {"operation": "CREATE", "object": pod}
+        assert mutate(pod, nodes_view(), DENY) == mutate_pods(request, nodes_view(), DENY)
 
 
 def _b64(patch: list[dict[str, Any]]) -> str:
     return base64.b64encode(orjson.dumps(patch)).decode()
+
+
+def test_warn_path_keeps_the_quota_warning() -> None:
+    """§4.9 under §4.10: a pod warned about on /warn/mutate-pods still hears of its namespace's unenforced quota."""
+    index = QuotaIndex()
+    index.set("team-a", "gpu-quota", frozenset({f"limits.{MEMORY}"}))
+    pod, _ = DENIED["fraction"]
+    body = review_body(pod, uid="u")
+    body["request"]["namespace"] = "team-a"
+    for path, config in (("warn/mutate-pods", DENY), ("mutate-pods", WARN)):
+        reply = review.handle(orjson.dumps(body), path, nodes_view(), config, index)
+        warnings = orjson.loads(reply.body)["response"]["warnings"]
+        assert any(w.startswith("would deny: ") for w in warnings), path
+        assert any(f"ResourceQuota 'gpu-quota' sets limits.{MEMORY}" in w for w in warnings), path
+    out, decision = review.admit_review(body, nodes_view(), WARN, index)
+    assert decision.allowed and any("ResourceQuota 'gpu-quota'" in w for w in out["response"]["warnings"])

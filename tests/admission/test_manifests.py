@@ -518,9 +518,10 @@ def test_backstop_policy_and_binding(docs: list[dict[str, Any]]) -> None:
 # --- RBAC, Service, Deployment, PDB ----------------------------------------------------------------------
 
 
-def test_cluster_role_reads_nodes_and_nothing_else(docs: list[dict[str, Any]]) -> None:
+def test_cluster_role_reads_nodes_and_quotas_and_nothing_else(docs: list[dict[str, Any]]) -> None:
     role = one(docs, "ClusterRole")
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
+                             {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list", "watch"]}]
     assert "aggregationRule" not in role
     assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     binding = one(docs, "ClusterRoleBinding")

@@ -48,7 +48,7 @@ def installed() -> Iterator[wheel.Installed]:
 
 @pytest.fixture(scope="session")
 def controlplane(installed: wheel.Installed) -> Iterator[ControlPlane]:
-    cp = ControlPlane()
+    cp = ControlPlane(controllers=True)  # started once: every module shares its controllers and scheduler
     try:
         cp.start()
     except ControlPlaneError as e:

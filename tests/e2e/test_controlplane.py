@@ -63,7 +63,8 @@ def test_rbac_is_enforced_for_user_kubeconfigs(controlplane: ControlPlane) -> No
     assert controlplane.kubectl("get", "pods", "-A", kubeconfig=user, check=False).returncode != 0
 
 
-def test_pods_are_stored_without_a_controller_manager(controlplane: ControlPlane) -> None:
+def test_pods_on_the_default_scheduler_are_stored_never_bound(controlplane: ControlPlane) -> None:
+    """The scheduler runs only the hami-scheduler profile, so other pods stay as admission left them."""
     controlplane.kubectl("create", "namespace", "e2e-cp")
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "e2e-cp"},
            "spec": {"containers": [{"name": "main", "image": "registry.invalid/pause:1"}]}}
@@ -71,13 +72,14 @@ def test_pods_are_stored_without_a_controller_manager(controlplane: ControlPlane
     got = json.loads(controlplane.kubectl("get", "pod", "plain", "-n", "e2e-cp", "-o", "json").stdout)
     assert got["spec"]["containers"][0]["image"] == "registry.invalid/pause:1"
     assert got["status"]["phase"] == "Pending"  # stored, never scheduled
+    assert "nodeName" not in got["spec"]
 
 
 def test_stop_leaves_no_processes_and_no_files() -> None:
-    cp = ControlPlane().start()
+    cp = ControlPlane(controllers=True).start()
     try:
         pids, workdir = cp.pids, cp.workdir
-        assert set(pids) == {"etcd", "kube-apiserver"}
+        assert set(pids) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"}
         assert cp.kubectl("get", "--raw", "/readyz").stdout.strip() == "ok"
     finally:
         cp.stop()

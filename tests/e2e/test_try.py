@@ -147,7 +147,8 @@ def test_a_dead_control_plane_ends_the_run_with_a_reason(tmp_path, runs):
     (apiserver,) = [pid for pid in processes_mentioning(run.dir)
                     if b"kube-apiserver" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]]
     os.kill(apiserver, signal.SIGKILL)
-    assert "etcd or kube-apiserver exited (running: etcd)" in run.until("exited (running:")
+    assert "kube-apiserver exited (running: etcd, kube-controller-manager, kube-scheduler)" in \
+        run.until("exited (running:")
     assert run.proc.wait(60) == 1
     run.assert_nothing_left()
 

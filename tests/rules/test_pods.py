@@ -9,9 +9,10 @@ import orjson
 import pytest
 
 from hami_mt_webhook.admission import review
+from hami_mt_webhook.admission.pods import admit
 from hami_mt_webhook.rules.capacity import ClusterView, NodeReport
 from hami_mt_webhook.rules.config import Config
-from hami_mt_webhook.rules.pods import admit, ephemeral, mutate, validate
+from hami_mt_webhook.rules.pods import ephemeral, mutate, validate
 from tests.builders import container as ctr
 from tests.builders import make_pod, review_body
 

@@ -11,8 +11,9 @@ import pytest
 import yaml
 
 from hami_mt_webhook.admission import review
+from hami_mt_webhook.admission.pods import admit
+from hami_mt_webhook.admission.workloads import check
 from hami_mt_webhook.cli import main as cli
-from hami_mt_webhook.rules import pods as rules
 from hami_mt_webhook.rules import workloads
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
@@ -84,7 +85,7 @@ def test_template_is_found_where_each_kind_keeps_it(kind):
 @pytest.mark.parametrize("kind", ["Deployment", "CronJob"])
 def test_missing_template_is_none_and_a_400_denial(obj, kind):
     assert workloads.template(obj, kind) is None
-    decision = workloads.check(obj, kind, nodes_view(), CONFIG)
+    decision = check(obj, kind, nodes_view(), CONFIG)
     assert not decision.allowed and decision.code == 400 and decision.reason == "malformed"
     assert f"has no pod template at {workloads.template_path(kind)}" in decision.message
 
@@ -149,8 +150,8 @@ def test_verdict_and_warnings_are_the_pods_named_after_the_workload(case, kind):
     obj = _workload_for(case, kind)
     before = copy.deepcopy(obj)
     pod = workloads.pod_of(obj, kind)
-    expected = rules.admit(pod, nodes_view(), CONFIG)
-    decision = workloads.check(obj, kind, nodes_view(), CONFIG)
+    expected = admit(pod, nodes_view(), CONFIG)
+    decision = check(obj, kind, nodes_view(), CONFIG)
     assert obj == before, "the workload must not be changed"
     assert decision.allowed == expected.allowed
     assert decision.code == expected.code and decision.reason == expected.reason
@@ -165,13 +166,13 @@ def test_verdict_and_warnings_are_the_pods_named_after_the_workload(case, kind):
                                   "two-over-one-card", "node-name", "privileged", "fraction", "limit-request-differ",
                                   "bind-annotation"])
 def test_what_pod_creation_denies_is_denied(case):
-    decision = workloads.check(_workload_for(case, "Deployment"), "Deployment", nodes_view(), CONFIG)
+    decision = check(_workload_for(case, "Deployment"), "Deployment", nodes_view(), CONFIG)
     assert not decision.allowed and decision.code == 403
     assert decision.message.startswith('Deployment "train": ')
 
 
 def test_mixed_container_message_names_workload_container_and_fix():
-    decision = workloads.check(_workload_for("mixed", "Deployment"), "Deployment", nodes_view(), CONFIG)
+    decision = check(_workload_for("mixed", "Deployment"), "Deployment", nodes_view(), CONFIG)
     assert decision.message.startswith(
         'Deployment "train": container "main" asks for mthreads.com/gpu (whole cards, outside HAMi) and for '
         "mthreads.com/vgpu (sGPU slices) at once")
@@ -180,7 +181,7 @@ def test_mixed_container_message_names_workload_container_and_fix():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_changes_pod_creation_will_make_are_warnings(kind):
-    decision = workloads.check(_workload_for("snap", kind), kind, nodes_view(), CONFIG)
+    decision = check(_workload_for("snap", kind), kind, nodes_view(), CONFIG)
     assert decision.allowed and decision.patch == []
     assert decision.warnings == [f'{kind} "train": container "main": mthreads.com/sgpu-memory 20 (10 GiB) snapped '
                                  "up to 32 (16 GiB), the next valid tier (2, 4, 8, 16, 32, 64, 96, 128, 160); "
@@ -189,7 +190,7 @@ def test_changes_pod_creation_will_make_are_warnings(kind):
 
 
 def test_the_scheduler_rewrite_alone_is_silent():
-    decision = workloads.check(_workload_for("slice", "StatefulSet"), "StatefulSet", nodes_view(), CONFIG)
+    decision = check(_workload_for("slice", "StatefulSet"), "StatefulSet", nodes_view(), CONFIG)
     assert decision.allowed and decision.warnings == []
 
 
@@ -197,17 +198,17 @@ def test_templates_whose_pods_skip_the_mutation_are_still_validated():
     """SPEC 4.8: the pods' own ignore label skips the mutation only; mixing and default-scheduler are denied."""
     ignore = {"hami.io/webhook": "ignore"}
     obj = workload("Deployment", copy.deepcopy(SPECS["mixed"]), labels=ignore)
-    decision = workloads.check(obj, "Deployment", nodes_view(), CONFIG)
+    decision = check(obj, "Deployment", nodes_view(), CONFIG)
     assert not decision.allowed and "(whole cards, outside HAMi)" in decision.message
     obj = workload("Deployment", copy.deepcopy(SPECS["snap"]), labels=ignore)
-    decision = workloads.check(obj, "Deployment", nodes_view(), CONFIG)
+    decision = check(obj, "Deployment", nodes_view(), CONFIG)
     assert not decision.allowed and decision.reason == "unmutated"
     assert decision.message == ('Deployment "train": container "main" asks for sGPU slices but spec.schedulerName is '
                                 "default-scheduler: its hami.io/webhook: ignore label skips the mutation only; "
                                 "set spec.schedulerName: hami-scheduler, or remove the label")
     spec = copy.deepcopy(SPECS["slice"])
     spec["schedulerName"] = "hami-scheduler"
-    decision = workloads.check(workload("Deployment", spec, labels=ignore), "Deployment", nodes_view(), CONFIG)
+    decision = check(workload("Deployment", spec, labels=ignore), "Deployment", nodes_view(), CONFIG)
     assert decision.allowed and decision.warnings == []
 
 
@@ -215,7 +216,7 @@ def test_templates_whose_pods_skip_the_mutation_are_still_validated():
 
 def test_not_ready_allows_with_a_warning_instead_of_503():
     view = ClusterView(ready=False)
-    decision = workloads.check(_workload_for("exclusive-s5000", "Deployment"), "Deployment", view, CONFIG)
+    decision = check(_workload_for("exclusive-s5000", "Deployment"), "Deployment", view, CONFIG)
     assert decision.allowed and decision.code == 200
     (warning,) = decision.warnings
     assert warning.startswith('Deployment "train": the pod template could not be checked yet')
@@ -223,7 +224,7 @@ def test_not_ready_allows_with_a_warning_instead_of_503():
 
 
 def test_not_ready_still_denies_what_needs_no_nodes():
-    decision = workloads.check(_workload_for("mixed", "Deployment"), "Deployment", ClusterView(ready=False), CONFIG)
+    decision = check(_workload_for("mixed", "Deployment"), "Deployment", ClusterView(ready=False), CONFIG)
     assert not decision.allowed and decision.code == 403 and decision.reason == "mixing"
 
 
@@ -233,7 +234,7 @@ def test_update_with_an_unchanged_bad_template_is_allowed_with_a_warning():
     old = _workload_for("mixed", "Deployment")
     new = copy.deepcopy(old)
     new["spec"]["replicas"] = 5  # scaling a Deployment created before the webhook
-    decision = workloads.check(new, "Deployment", nodes_view(), CONFIG, old=old)
+    decision = check(new, "Deployment", nodes_view(), CONFIG, old=old)
     assert decision.allowed
     (warning,) = decision.warnings
     assert warning.startswith('Deployment "train": the pod template is unchanged, so this update is allowed, '
@@ -244,16 +245,16 @@ def test_update_with_an_unchanged_good_template_is_silent():
     old = _workload_for("snap", "Deployment")
     new = copy.deepcopy(old)
     new["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "2"}
-    decision = workloads.check(new, "Deployment", nodes_view(), CONFIG, old=old)
+    decision = check(new, "Deployment", nodes_view(), CONFIG, old=old)
     assert decision.allowed and decision.warnings == []
 
 
 def test_update_that_changes_the_template_is_checked():
     old = _workload_for("slice", "CronJob")
     new = _workload_for("core-without-memory", "CronJob")
-    decision = workloads.check(new, "CronJob", nodes_view(), CONFIG, old=old)
+    decision = check(new, "CronJob", nodes_view(), CONFIG, old=old)
     assert not decision.allowed and decision.reason == "core-without-memory"
-    fixed = workloads.check(old, "CronJob", nodes_view(), CONFIG, old=new)
+    fixed = check(old, "CronJob", nodes_view(), CONFIG, old=new)
     assert fixed.allowed
 
 
@@ -445,7 +446,7 @@ def test_training_job_is_denied_naming_the_template_whose_pods_would_be(case):
     obj, where = JOBS[case]
     kind = workloads.of(obj)
     assert kind is not None and not kind.builtin
-    decision = workloads.check(obj, kind, nodes_view(), CONFIG)
+    decision = check(obj, kind, nodes_view(), CONFIG)
     assert not decision.allowed and decision.code == 403 and decision.reason == "core-without-memory"
     assert decision.message.startswith(f'{obj["kind"]} "train": {where}: container "main": mthreads.com/sgpu-core 4 '
                                        "without mthreads.com/sgpu-memory")
@@ -465,7 +466,7 @@ def test_training_job_with_good_templates_is_allowed_with_the_pods_warnings(case
     for _, tpl in workloads.templates(obj, workloads.of(obj)):
         tpl.clear()
         tpl.update(copy.deepcopy(GOOD))
-    decision = workloads.check(obj, workloads.of(obj), nodes_view(), CONFIG)
+    decision = check(obj, workloads.of(obj), nodes_view(), CONFIG)
     assert decision.allowed and decision.patch == []
     found = list(workloads.templates(obj, workloads.of(obj)))
     assert found and len(decision.warnings) == 0  # a valid slice needs no change
@@ -475,7 +476,7 @@ def test_every_template_of_a_job_is_judged_and_warned_about():
     obj = training("PyTorchJob", "kubeflow.org", {"pytorchReplicaSpecs": {
         "Master": {"template": pod_template(container(limits={VGPU: 1}), nodeSelector=ON_S5000)},
         "Worker": {"template": pod_template(container(limits={VGPU: 1, MEMORY: 20}))}}})
-    decision = workloads.check(obj, "PyTorchJob", nodes_view(), CONFIG)
+    decision = check(obj, "PyTorchJob", nodes_view(), CONFIG)
     assert decision.allowed
     assert decision.warnings[0].startswith('PyTorchJob "train": spec.pytorchReplicaSpecs.Master.template: '
                                            'container "main": mthreads.com/vgpu 1 alone takes a whole card')
@@ -492,7 +493,7 @@ def test_volcano_job_level_scheduler_is_applied_to_its_templates():
     assert kind is not None and kind.scheduler == "spec.schedulerName"
     pod = workloads.pod_of(job, kind)
     assert pod is not None and pod["spec"]["schedulerName"] == "volcano"
-    decision = workloads.check(job, kind, nodes_view(), CONFIG)
+    decision = check(job, kind, nodes_view(), CONFIG)
     assert decision.allowed and decision.warnings == [
         'Job "train": spec.tasks[0].template: pod names scheduler \'volcano\': hami-mt-webhook leaves it unchanged, '
         "and HAMi accounts for sGPU slices only on hami-scheduler"]
@@ -510,7 +511,7 @@ def test_volcano_job_with_a_mixed_container_is_denied_whatever_its_scheduler():
     mixed = pod_template(container(limits={VGPU: 1, WHOLE: 1}))
     job = training("Job", "batch.volcano.sh", {"schedulerName": "volcano", "tasks": [{"name": "w", "template": mixed}]},
                    "v1alpha1")
-    decision = workloads.check(job, workloads.of(job), nodes_view(), CONFIG)
+    decision = check(job, workloads.of(job), nodes_view(), CONFIG)
     assert not decision.allowed and decision.reason == "mixing"
 
 
@@ -518,7 +519,7 @@ def test_training_job_update_with_unchanged_templates_is_allowed_with_a_warning(
     obj, where = JOBS["PyTorchJob"]
     scaled = copy.deepcopy(obj)
     scaled["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 5
-    decision = workloads.check(scaled, "PyTorchJob", nodes_view(), CONFIG, old=obj)
+    decision = check(scaled, "PyTorchJob", nodes_view(), CONFIG, old=obj)
     assert decision.allowed and len(decision.warnings) == 1
     assert f"unchanged, so this update is allowed, but its pods will be denied: {where}: container" in \
         decision.warnings[0]
@@ -527,7 +528,7 @@ def test_training_job_update_with_unchanged_templates_is_allowed_with_a_warning(
 @pytest.mark.parametrize("spec", [{}, {"pytorchReplicaSpecs": {}}, {"pytorchReplicaSpecs": {"Worker": {}}},
                                   {"pytorchReplicaSpecs": []}, {"pytorchReplicaSpecs": {"Worker": {"template": 3}}}])
 def test_training_job_without_templates_is_a_400(spec):
-    decision = workloads.check(training("PyTorchJob", "kubeflow.org", spec), "PyTorchJob", nodes_view(), CONFIG)
+    decision = check(training("PyTorchJob", "kubeflow.org", spec), "PyTorchJob", nodes_view(), CONFIG)
     assert not decision.allowed and decision.code == 400
     assert "has no pod template at spec.pytorchReplicaSpecs.*.template" in decision.message
 

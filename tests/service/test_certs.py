@@ -197,3 +197,15 @@ def test_cli_certs_writes_and_prints_paths(tmp_path, capsys):
     assert cli.main(["certs", "--dir", str(root), "--rotate", "--force"]) == 0
     assert "new serving certificate" in capsys.readouterr().out
     assert load(root / "tls.crt").serial_number != serial
+
+
+def test_cli_certs_without_its_package_data_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """A broken install (the webhook configurations missing from the package) is said, never skipped."""
+    from hami_mt_webhook.admission import configurations
+
+    monkeypatch.setattr(configurations, "FILES", ("webhooks.yaml", "gone.yaml"))
+    assert cli.main(["certs", "--dir", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == ("hami-mt-webhook: the package data file gone.yaml is missing: "
+                            "reinstall hami-mt-webhook\n")
+    assert not (tmp_path / "out" / "webhook-configurations.yaml").exists()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from hami_mt_webhook.rules.decision import Decision
+from hami_mt_webhook.rules.decision import Change, Decision
 from hami_mt_webhook.service.handler import log_decision
 from hami_mt_webhook.service.logs import JsonLines
 from tests.builders import MEMORY, VGPU, WHOLE, container, make_pod, review_body
@@ -105,7 +105,9 @@ def test_operating_md_names_the_fields_the_log_lines_have():
     logger.setLevel(logging.INFO)
     try:
         log_decision("mutate-pods", request, Decision.deny("no", "mixing"))
-        log_decision("mutate-pods", request, Decision(patch=[{"op": "add"}], warnings=["w"], mutations=["snap"]))
+        patched = Decision(changes=[Change("add", ("spec", "schedulerName"), "hami-scheduler")], warnings=["w"],
+                           mutations=["snap"])
+        log_decision("mutate-pods", request, patched)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)

@@ -1,6 +1,6 @@
 """Metrics whose label values come from requests stay bounded."""
 
-from hami_mt_webhook.rules.decision import Decision
+from hami_mt_webhook.rules.decision import Change, Decision
 from hami_mt_webhook.service.metrics import Metrics
 
 
@@ -18,7 +18,8 @@ def test_operation_labels_from_requests_are_bounded():
 def test_results_mutations_and_denials_are_counted():
     m = Metrics()
     m.review("mutate-pods", {"operation": "CREATE", "dryRun": True},
-             Decision(patch=[{"op": "add"}], mutations=["snap", "scheduler"]), 0.0002)
+             Decision(changes=[Change("add", ("spec", "schedulerName"), "hami-scheduler")],
+                      mutations=["snap", "scheduler"]), 0.0002)
     m.review("validate-pods", {"operation": "CREATE"}, Decision.deny("no", "mixing"), 0.0001)
     m.review("mutate-pods", None, None, 0.0)
     text = m.render().decode()

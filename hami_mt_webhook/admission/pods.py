@@ -1,0 +1,92 @@
+"""The pod webhooks as handlers, and the one combinator that chains them as the API server does.
+
+A handler takes an AdmissionReview request and returns a Decision. `chain` runs a mutating handler and
+then a validating one on what it produced, which is what the API server does with mutate-pods and
+validate-pods; the server's table, `review` and the workload check all reach the rules through it or
+through the two handlers it chains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from ..rules import pods as rules
+from ..rules.capacity import ClusterView
+from ..rules.config import Config
+from ..rules.decision import Decision
+
+#: A pod rule: the pod being created in, the decision out.
+Rule = Callable[[Any, ClusterView, Config], Decision]
+#: What a webhook does with one admission request (operation, kind, object, oldObject).
+Handler = Callable[[dict[str, Any], ClusterView, Config], Decision]
+
+#: The pod subresource `kubectl debug` writes to; reviewed on UPDATE by validate-pods.
+EPHEMERAL = "ephemeralcontainers"
+
+
+def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> Decision:
+    """A pod rule on a request; CREATE of a Pod is all the pod rules look at."""
+    if request.get("operation") != "CREATE":
+        return Decision()
+    kind = request.get("kind")
+    if isinstance(kind, dict) and kind.get("kind") not in (None, "Pod"):
+        return Decision()
+    if request.get("subResource"):
+        return Decision()
+    obj = request.get("object")
+    if obj is None:
+        return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
+    return rule(obj, view, config)
+
+
+def mutate_pods(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+    """mutate-pods: fill, snap and copy the slice values of a pod being created."""
+    return decide(request, rules.mutate, view, config)
+
+
+def validate_pods(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+    """validate-pods: the final pod on CREATE, and new ephemeral containers on UPDATE of
+    pods/ephemeralcontainers (`kubectl debug`), which only the privilege rule judges (SPEC.md §4.3)."""
+    if request.get("operation") == "UPDATE" and request.get("subResource") == EPHEMERAL:
+        obj = request.get("object")
+        if obj is None:
+            return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
+        return rules.ephemeral(obj, request.get("oldObject"), config)
+    return decide(request, rules.validate, view, config)
+
+
+def join(mutated: Decision, checked: Decision) -> Decision:
+    """The mutating answer (its changes, warnings of both), or the validating one's denial with every warning."""
+    return replace(mutated if checked.allowed else checked, warnings=[*mutated.warnings, *checked.warnings])
+
+
+def chain(mutating: Handler, validating: Handler, joined: Callable[[Decision, Decision], Decision] = join) -> Handler:
+    """Both webhooks as the API server calls them: the mutating one, then the validating one on its result.
+
+    `joined` makes one answer of the two (`join`; rollout mode has its own). A pod labelled
+    `hami.io/webhook: ignore` is outside the mutating webhook's objectSelector, so only the validating one
+    sees it, defaulted as the API server would (SPEC.md §4.8).
+    """
+    def both(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+        obj = request.get("object")
+        if rules.ignores_mutation(obj):
+            return validating({**request, "object": rules.defaulted(obj)}, view, config)
+        mutated = mutating(request, view, config)
+        if not mutated.allowed:
+            return mutated
+        if mutated.object is None:  # the mutating handler did not judge the object (another operation)
+            checked = validating(request, view, config)
+            return replace(checked, warnings=[*mutated.warnings, *checked.warnings])
+        return joined(mutated, validating({**request, "object": mutated.object}, view, config))
+    return both
+
+
+#: What the API server does with both pod webhooks for one request.
+admit_request = chain(mutate_pods, validate_pods)
+
+
+def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
+    """Both pod webhooks for a pod being created, as written in a manifest or a workload's template."""
+    return admit_request({"operation": "CREATE", "object": pod}, view, config)

@@ -1,0 +1,154 @@
+"""The vendor's components, HAMi's own webhook and the scheduler pods wait for."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from typing import Any
+
+import yaml
+
+from .model import (
+    HAMI_WEBHOOK,
+    MIGRATION,
+    VENDOR_COMPONENTS,
+    Cluster,
+    Finding,
+    Settings,
+    _few,
+    _meta,
+    _pods,
+    _reports,
+    all_webhooks,
+    mapping,
+    name_of,
+    namespace_of,
+    ref,
+    sequence,
+    unique,
+)
+
+# --- the vendor's components and HAMi's own webhook -----------------------------------------------------
+
+def vendor(cluster: Cluster, settings: Settings) -> list[Finding]:
+    """The vendor's sGPU scheduler and webhook, still running or still registered, in any namespace."""
+    off = ("switch it off in the vendor's ClusterPolicy (gpuScheduler and gpuWebhook enabled: false), then "
+           f"restart mt-controller-manager ({MIGRATION}, step 2)")
+    found = []
+    for deploy in cluster.deployments:
+        if name_of(deploy) not in VENDOR_COMPONENTS:
+            continue
+        replicas = mapping(deploy.get("spec")).get("replicas", 1)
+        state = "runs" if replicas else "is scaled to 0 but still installed (the operator may scale it up again)"
+        found.append(Finding("vendor", f"Deployment {ref(deploy)}",
+                             f"the vendor's {name_of(deploy)} {state}: it intercepts GPU pods as HAMi does, and "
+                             f"the two together conflict; {off}"))
+    for kind, doc, hook in all_webhooks(cluster):
+        service = mapping(mapping(hook.get("clientConfig")).get("service")).get("name")
+        if name_of(doc) in VENDOR_COMPONENTS or service in VENDOR_COMPONENTS:
+            found.append(Finding("vendor", f"{kind} {name_of(doc)}",
+                                 f"webhook {hook.get('name')} still sends pods to the vendor's "
+                                 f"{service or name_of(doc)}: two webhooks mutating GPU pods conflict, and with its "
+                                 f"Deployment gone it may refuse them; {off}, or delete it: "
+                                 f"kubectl delete {kind.lower()} {name_of(doc)}"))
+    return unique(found)
+
+
+def device_configmap(client_config: Mapping[str, Any]) -> tuple[str, str]:
+    """Where HAMi's chart keeps the device configuration: `<scheduler service>-device` beside the service."""
+    svc = mapping(client_config.get("service"))
+    return str(svc.get("namespace") or "kube-system"), f"{svc.get('name') or 'hami-scheduler'}-device"
+
+
+def hami_memory_per_card(configmap: Mapping[str, Any]) -> list[int] | None:
+    """`mthreads.memoryPerCard` of HAMi's device-config.yaml; [96] when unset (HAMi's default, and all that
+    HAMi v2.10.0 and earlier know); None when the file configures no Moore Threads devices or is unreadable."""
+    text = mapping(configmap.get("data")).get("device-config.yaml")
+    try:
+        doc = yaml.safe_load(text) if isinstance(text, str) else None
+    except yaml.YAMLError:
+        return None
+    mthreads = mapping(doc).get("mthreads") if isinstance(doc, Mapping) else None
+    if not isinstance(mthreads, Mapping):
+        return None
+    value = mthreads.get("memoryPerCard", [96])
+    values = value if isinstance(value, list) else [value]
+    try:
+        return [int(v) for v in values] or None
+    except (TypeError, ValueError):
+        return None
+
+
+def hami_webhook(cluster: Cluster, settings: Settings) -> list[Finding]:
+    """HAMi's own admission webhook also admits Moore Threads pods: its memoryPerCard must cover every card
+    size the nodes report, or it refuses valid slices and fills whole cards short."""
+    sizes = sorted({r.per_card for r in _reports(cluster, settings.config)})
+    found = []
+    for kind, doc, hook in all_webhooks(cluster):
+        if hook.get("name") != HAMI_WEBHOOK:
+            continue
+        ns, name = device_configmap(mapping(hook.get("clientConfig")))
+        where = f"{kind} {name_of(doc)}"
+        configmap = next((c for c in cluster.configmaps if namespace_of(c) == ns and name_of(c) == name), None)
+        if configmap is None:
+            why = cluster.unreadable.get(f"ConfigMap {ns}/{name}", "not read")
+            need = f" ({', '.join(map(str, sizes))}, what the nodes report)" if sizes else ""
+            found.append(Finding("hami-webhook", where,
+                                 f"HAMi's webhook {HAMI_WEBHOOK} also admits Moore Threads pods, and its "
+                                 f"devices.mthreads.memoryPerCard could not be checked (ConfigMap {ns}/{name}: "
+                                 f"{why}): make sure it lists every card size{need}", action=False))
+            continue
+        per_card = hami_memory_per_card(configmap)
+        if per_card is None:
+            continue
+        missing = [s for s in sizes if s not in per_card]
+        if missing:
+            listed = ", ".join(map(str, sorted(set(per_card) | set(sizes))))
+            found.append(Finding("hami-webhook", where,
+                                 f"HAMi's webhook {HAMI_WEBHOOK} also admits Moore Threads pods and checks them "
+                                 f"against memoryPerCard [{', '.join(map(str, per_card))}] (ConfigMap {ns}/{name}), "
+                                 f"but nodes report cards of {', '.join(map(str, missing))} units: it refuses "
+                                 f"slices above {max(per_card)} and fills whole cards short; set "
+                                 f"devices.mthreads.memoryPerCard to [{listed}] (HAMi after v2.10.0), or, if HAMi "
+                                 "manages no other devices, --set scheduler.admissionWebhook.enabled=false "
+                                 f"({MIGRATION}, step 4)"))
+    return found
+
+
+# --- the scheduler ---------------------------------------------------------------------------------------
+
+def _created(obj: Mapping[str, Any]) -> dt.datetime | None:
+    text = _meta(obj).get("creationTimestamp")
+    try:
+        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+
+
+def _unattended(pod: Mapping[str, Any]) -> bool:
+    """Pending, unbound, and no scheduler has tried it: kube-scheduler (hami-scheduler included) sets
+    PodScheduled on every attempt, so a pod without that condition was never picked up."""
+    spec, status = mapping(pod.get("spec")), mapping(pod.get("status"))
+    if spec.get("nodeName") or status.get("phase", "Pending") != "Pending":
+        return False
+    return not any(mapping(c).get("type") == "PodScheduled" for c in sequence(status.get("conditions")))
+
+
+def scheduler(cluster: Cluster, settings: Settings) -> list[Finding]:
+    """Pods wait for the configured scheduler and none has looked at them: nothing answers to that name."""
+    name = settings.config.scheduler_name
+    waiting = []
+    for pod in _pods(cluster):
+        created = _created(pod)
+        if (mapping(pod.get("spec")).get("schedulerName") == name and _unattended(pod)
+                and created is not None and cluster.now - created >= settings.pending):
+            waiting.append(ref(pod))
+    if not waiting:
+        return []
+    minutes = settings.pending.total_seconds() / 60
+    return [Finding("scheduler", f"scheduler {name}",
+                    f"{len(waiting)} pod{'s have' if len(waiting) != 1 else ' has'} waited {minutes:g} minutes or "
+                    f"more without any scheduler trying to place {'them' if len(waiting) != 1 else 'it'} "
+                    f"({_few(waiting)}): nothing answers to schedulerName {name}; install or restart HAMi's "
+                    f"scheduler (kubectl -n kube-system get deploy hami-scheduler) and check that it runs as {name} "
+                    "(HAMi's schedulerName value)")]

@@ -1,0 +1,223 @@
+"""What the checks read and say: the cluster's objects, the settings, a finding; helpers over plain objects."""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..admission import configurations
+from ..rules.capacity import NodeReport, report
+from ..rules.config import Config
+
+Obj = dict[str, Any]
+
+#: The vendor's sGPU scheduler and webhook, by the names the HAMi guide and the operator guide give them.
+VENDOR_COMPONENTS = ("mt-gpu-webhook", "mt-gpu-scheduler", "mt-gpu-scheduler-controller", "mt-gpushare-scheduler")
+#: The webhook HAMi's chart registers (MutatingWebhookConfiguration `hami-webhook`).
+HAMI_WEBHOOK = "vgpu.hami.io"
+#: The label the vendor's device plugin sets with a node's card count.
+CARD_COUNT_LABEL = "mthreads.com/gpu.count"
+#: Labels that pin a node, not a card model.
+NODE_IDENTITY_LABELS = frozenset({"kubernetes.io/hostname"})
+MIGRATION = "docs/migration.md"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One thing to look at: which check, which object, what is wrong and what to do.
+
+    `action` False makes it a note (something doctor could not check, or a choice that may be deliberate):
+    printed, but it does not make the exit status 1.
+    """
+
+    check: str
+    object: str
+    message: str
+    action: bool = True
+
+    @property
+    def severity(self) -> str:
+        return "action" if self.action else "note"
+
+    def line(self) -> str:
+        return f"{'' if self.action else 'note: '}{self.check}: {self.object}: {self.message}"
+
+    def as_json(self) -> dict[str, str]:
+        return {"check": self.check, "severity": self.severity, "object": self.object, "message": self.message}
+
+
+@dataclass(frozen=True)
+class Served:
+    """The certificate a webhook endpoint presents, or why it could not be read."""
+
+    pem: bytes | None = None
+    source: str = ""  # where the certificate came from: the endpoint itself, or the Secret its pods mount
+    error: str = ""
+
+
+@dataclass
+class Cluster:
+    """What doctor read. Lists hold objects as the API server returns them (plain dicts)."""
+
+    now: dt.datetime
+    nodes: list[Obj] = field(default_factory=list)
+    pods: list[Obj] = field(default_factory=list)  # pods not yet Succeeded or Failed
+    namespaces: list[Obj] = field(default_factory=list)
+    deployments: list[Obj] = field(default_factory=list)
+    mutating: list[Obj] = field(default_factory=list)
+    validating: list[Obj] = field(default_factory=list)
+    services: list[Obj] = field(default_factory=list)  # the Services the webhooks call
+    pdbs: list[Obj] = field(default_factory=list)
+    quotas: list[Obj] = field(default_factory=list)
+    configmaps: list[Obj] = field(default_factory=list)  # HAMi's device configuration, where readable
+    served: dict[str, Served] = field(default_factory=dict)  # by endpoint()
+    unreadable: dict[str, str] = field(default_factory=dict)  # "ConfigMap ns/name" -> why it was not read
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The rules' settings (the webhook's own flags) and doctor's thresholds."""
+
+    config: Config = field(default_factory=Config)
+    #: A pod no scheduler has looked at for this long means nothing answers to its scheduler name.
+    pending: dt.timedelta = dt.timedelta(minutes=5)
+    #: A serving certificate or CA expiring within this is due for rotation.
+    expiry_warning: dt.timedelta = dt.timedelta(days=30)
+
+
+Check = Callable[[Cluster, Settings], list[Finding]]
+
+
+# --- helpers over plain objects ------------------------------------------------------------------------
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def name_of(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("name") or "")
+
+
+def namespace_of(obj: Mapping[str, Any]) -> str:
+    return str(_meta(obj).get("namespace") or "")
+
+
+def ref(obj: Mapping[str, Any]) -> str:
+    return f"{namespace_of(obj)}/{name_of(obj)}" if namespace_of(obj) else name_of(obj)
+
+
+def mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def sequence(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _webhooks(configs: Iterable[Obj], kind: str) -> Iterable[tuple[str, Obj, Obj]]:
+    for doc in configs:
+        for hook in sequence(doc.get("webhooks")):
+            if isinstance(hook, dict):
+                yield kind, doc, hook
+
+
+def all_webhooks(cluster: Cluster) -> list[tuple[str, Obj, Obj]]:
+    return [*_webhooks(cluster.mutating, "MutatingWebhookConfiguration"),
+            *_webhooks(cluster.validating, "ValidatingWebhookConfiguration")]
+
+
+def endpoint(client_config: Mapping[str, Any]) -> str:
+    """The address a webhook is called at, as a key: `https://host:port` or `service ns/name:port`."""
+    url = client_config.get("url")
+    if isinstance(url, str) and url:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        shown = f"[{host}]" if ":" in host else host
+        return f"https://{shown}:{parts.port or 443}"
+    svc = mapping(client_config.get("service"))
+    return f"service {svc.get('namespace', '')}/{svc.get('name', '')}:{svc.get('port') or 443}"
+
+
+def endpoint_host(client_config: Mapping[str, Any]) -> tuple[str, int]:
+    """The host name the serving certificate must carry and the port: the URL's, or the Service's DNS name."""
+    url = client_config.get("url")
+    if isinstance(url, str) and url:
+        parts = urlsplit(url)
+        return parts.hostname or "", parts.port or 443
+    svc = mapping(client_config.get("service"))
+    return f"{svc.get('name', '')}.{svc.get('namespace', '')}.svc", int(svc.get("port") or 443)
+
+
+def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
+    """A Kubernetes label selector (matchLabels, matchExpressions) against labels; an empty one matches all."""
+    selector = mapping(selector)
+    for label, value in mapping(selector.get("matchLabels")).items():
+        if labels.get(label) != value:
+            return False
+    for expr in sequence(selector.get("matchExpressions")):
+        expr = mapping(expr)
+        key, op, values = expr.get("key"), expr.get("operator"), sequence(expr.get("values"))
+        value = labels.get(key) if isinstance(key, str) else None  # label values are strings: None is absent
+        present = value is not None
+        if op == "In" and not (present and value in values):
+            return False
+        if op == "NotIn" and present and value in values:
+            return False
+        if op == "Exists" and not present:
+            return False
+        if op == "DoesNotExist" and present:
+            return False
+    return True
+
+
+def asks_for_slices(pod: Mapping[str, Any], config: Config) -> bool:
+    """A container or init container names a slice resource in its limits or requests (SPEC 1)."""
+    spec = mapping(pod.get("spec"))
+    for container in [*sequence(spec.get("containers")), *sequence(spec.get("initContainers"))]:
+        resources = mapping(mapping(container).get("resources"))
+        for part in ("limits", "requests"):
+            if any(name in mapping(resources.get(part)) for name in config.slices):
+                return True
+    return False
+
+
+def _pods(cluster: Cluster) -> list[Obj]:
+    """The pods that stay: one being deleted needs no advice."""
+    return [p for p in cluster.pods if not _meta(p).get("deletionTimestamp")]
+
+
+def _reports(cluster: Cluster, config: Config) -> list[NodeReport]:
+    return [r for r in (report(n, config) for n in cluster.nodes) if r is not None]
+
+
+def _n(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _few(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+@functools.cache
+def _ours() -> tuple[tuple[str, str, Obj], ...]:
+    """(kind, configuration name, webhook) of every webhook this project ships (read, never changed)."""
+    return tuple((doc["kind"], doc["metadata"]["name"], hook)
+                 for doc in configurations.webhook_configurations() for hook in doc.get("webhooks", []))
+
+
+def registered(cluster: Cluster) -> dict[str, tuple[str, Obj, Obj]]:
+    """This project's webhooks as registered, by webhook name (the configurations may be renamed)."""
+    shipped = {hook["name"] for _, _, hook in _ours()}
+    return {str(hook.get("name")): (kind, doc, hook) for kind, doc, hook in all_webhooks(cluster)
+            if hook.get("name") in shipped}
+
+
+def unique(findings: list[Finding]) -> list[Finding]:
+    """Findings in order, each once (several webhooks can share one problem)."""
+    return list(dict.fromkeys(findings))

@@ -1,0 +1,64 @@
+"""The quota index's feed (SPEC.md §4.9): ResourceQuotas through the node watch's machinery.
+
+The same streaming watch as Nodes (`nodewatch.NodeWatch`: WatchList or paged lists, resume, 410,
+back-off), on /api/v1/resourcequotas. Of each quota only its `limits.` slice keys are kept, and only
+for quotas that have any, so the index stays a few bytes per such quota. The warning it feeds is
+advisory: readiness does not wait for it, and while it is not synced no warning is given.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..rules.config import Config
+from ..rules.quota import QuotaIndex, unenforced_keys
+from .nodefeed import Build, Feed
+from .nodewatch import Login, NodeWatch
+
+logger = logging.getLogger("hami_mt_webhook")
+
+QUOTAS = "/api/v1/resourcequotas"
+
+
+class QuotaFeed(Feed):
+    """ResourceQuota events in, the `QuotaIndex` kept up to date."""
+
+    def __init__(self, index: QuotaIndex, config: Config) -> None:
+        self.index, self.config = index, config
+        self.resource_version: str | None = None
+        self.build: Build | None = None
+        self.synced_at: float | None = None
+        self.metrics = None
+
+    def start_build(self) -> None:
+        self.build = Build()
+        self.resource_version = None
+
+    def node(self, kind: str, obj: dict[str, Any]) -> None:
+        meta = obj.get("metadata") or {}
+        key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        keys = frozenset() if kind == "DELETED" else unenforced_keys(obj, self.config)
+        if self.build is not None:
+            self.build.apply(kind, "/".join(key), keys or None)
+            return
+        self.index.set(*key, keys)
+
+    def finish_build(self, resource_version: str | None) -> None:
+        assert self.build is not None
+        entries, self.build = self.build.nodes, None
+        quotas: dict[tuple[str, str], frozenset[str]] = {}
+        for key, keys in entries.items():
+            namespace, _, name = key.partition("/")  # a namespace name has no "/"
+            quotas[(namespace, name)] = keys
+        self.index.replace(quotas)
+        self.resource_version = resource_version or None
+        self.index.ready = True
+        self.synced_at = time.time()
+        logger.info("quota watch synced: %d ResourceQuotas with limits. keys on slice resources "
+                    "(not enforced by Kubernetes; pods in their namespaces are warned)", len(self.index))
+
+
+def quota_watch(index: QuotaIndex, config: Config, login: Login, mode: str = "auto") -> NodeWatch:
+    return NodeWatch(QuotaFeed(index, config), login, mode=mode, path=QUOTAS, what="quota watch")

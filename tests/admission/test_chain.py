@@ -1,0 +1,63 @@
+"""The one mutate-then-validate combinator: both pod webhooks chained as the API server calls them."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import orjson
+
+from hami_mt_webhook.admission import review
+from hami_mt_webhook.admission.pods import chain, mutate_pods
+from hami_mt_webhook.rules.capacity import ClusterView
+from hami_mt_webhook.rules.config import Config
+from hami_mt_webhook.rules.decision import Decision
+from tests.builders import CORE, MEMORY, SCHEDULER, VGPU, container, make_pod, nodes_view, review_body
+
+VIEW = nodes_view()
+CONFIG = Config()
+IGNORE = {"hami.io/webhook": "ignore"}
+
+
+def test_a_review_of_a_labelled_pod_gets_only_the_validating_webhook():
+    """SPEC 4.8: the label keeps mutate-pods away (its objectSelector), so nothing is filled or warned."""
+    body = review_body(make_pod(container(limits={VGPU: 1, MEMORY: 32}), labels=IGNORE, schedulerName=SCHEDULER))
+    out, decision = review.admit_review(body, VIEW, CONFIG)
+    assert decision.allowed and "patch" not in out["response"] and decision.warnings == []
+    body = review_body(make_pod(container(limits={VGPU: 1, MEMORY: 32}), labels=IGNORE))
+    out, decision = review.admit_review(body, VIEW, CONFIG)
+    assert out["response"]["allowed"] is False and decision.reason == "unmutated"
+    assert "label skips the mutation only" in decision.message
+
+
+def test_a_validating_denial_keeps_the_mutating_warnings():
+    def later(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+        """A validating webhook that refuses what the mutating one produced."""
+        return Decision.deny("refused after the mutation", "later", obj=request["object"])
+
+    request = review_body(make_pod(container(limits={VGPU: 1})))["request"]
+    decision = chain(mutate_pods, later)(request, VIEW, CONFIG)
+    assert not decision.allowed and decision.reason == "later" and decision.patch == []
+    assert any("alone takes a whole card" in w for w in decision.warnings)
+
+
+def test_new_ephemeral_containers_are_judged_through_the_chain():
+    running = make_pod(container(limits={VGPU: 1, MEMORY: 32, CORE: 8}), schedulerName=SCHEDULER,
+                       nodeName="s5000-node")
+    debugged = copy.deepcopy(running)
+    debugged["spec"]["ephemeralContainers"] = [{"name": "root", "image": "busybox",
+                                                "securityContext": {"privileged": True}}]
+    body = review_body(debugged, operation="UPDATE", old=running)
+    body["request"]["subResource"] = "ephemeralcontainers"
+    out, decision = review.admit_review(body, VIEW, CONFIG)
+    assert out["response"]["allowed"] is False and decision.reason == "privileged"
+
+
+def test_a_kind_that_is_not_a_string_is_answered():
+    body = review_body(make_pod(container(limits={VGPU: 1})))
+    body["request"]["kind"]["kind"] = ["Deployment"]
+    for webhook in review.WEBHOOKS:
+        reply = review.handle(orjson.dumps(body), webhook, VIEW, CONFIG)
+        assert reply.status == 200 and orjson.loads(reply.body)["response"]["allowed"] is True
+    out, decision = review.admit_review(body, VIEW, CONFIG)
+    assert out["response"]["allowed"] is True and decision.patch == []
