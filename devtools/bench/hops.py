@@ -134,10 +134,10 @@ def scoped(docs: list[dict[str, Any]], config: str) -> list[dict[str, Any]]:
     only = {"key": LABEL, "operator": "In", "values": [config]}
     for doc in docs:
         kind, name = doc["kind"], doc["metadata"]["name"]
-        if name == "hami-mt-webhook-workloads" or kind not in (
+        if name not in ("hami-mt-webhook", "hami-mt-backstop") or kind not in (
                 "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
                 "ValidatingAdmissionPolicyBinding"):
-            continue
+            continue  # the workload check and the rollout-mode (warn) copies are not part of the comparison
         doc = copy.deepcopy(doc)
         doc["metadata"]["name"] = f"{name}-{config}"
         if kind.endswith("WebhookConfiguration"):

@@ -1,8 +1,8 @@
 """The webhook configurations that `certs` writes, from package data.
 
-The files in `data/` are copies of the repository's `manifests/webhooks.yaml` and
-`manifests/workload-webhook.yaml` (a test keeps them identical), so an installed wheel writes the same
-configurations the kustomize base applies, without reading the repository.
+The files in `data/` are copies of the repository's `manifests/webhooks.yaml`,
+`manifests/workload-webhook.yaml` and `manifests/webhooks-warn.yaml` (a test keeps them identical), so an
+installed wheel writes the same configurations the kustomize base applies, without reading the repository.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ Manifest = dict[str, Any]
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 #: The package data files, in the order the kustomize base lists them.
-FILES = ("webhooks.yaml", "workload-webhook.yaml")
+FILES = ("webhooks.yaml", "workload-webhook.yaml", "webhooks-warn.yaml")
 
 
 class MissingData(RuntimeError):

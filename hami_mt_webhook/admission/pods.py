@@ -57,12 +57,17 @@ def validate_pods(request: dict[str, Any], view: ClusterView, config: Config) ->
     return decide(request, rules.validate, view, config)
 
 
-def chain(mutating: Handler, validating: Handler) -> Handler:
+def join(mutated: Decision, checked: Decision) -> Decision:
+    """The mutating answer (its changes, warnings of both), or the validating one's denial with every warning."""
+    return replace(mutated if checked.allowed else checked, warnings=[*mutated.warnings, *checked.warnings])
+
+
+def chain(mutating: Handler, validating: Handler, joined: Callable[[Decision, Decision], Decision] = join) -> Handler:
     """Both webhooks as the API server calls them: the mutating one, then the validating one on its result.
 
-    The answer is the mutating one's (its patch, warnings of both), or the validating one's denial with
-    every warning. A pod labelled `hami.io/webhook: ignore` is outside the mutating webhook's
-    objectSelector, so only the validating one sees it, defaulted as the API server would (SPEC.md §4.8).
+    `joined` makes one answer of the two (`join`; rollout mode has its own). A pod labelled
+    `hami.io/webhook: ignore` is outside the mutating webhook's objectSelector, so only the validating one
+    sees it, defaulted as the API server would (SPEC.md §4.8).
     """
     def both(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
         obj = request.get("object")
@@ -71,10 +76,10 @@ def chain(mutating: Handler, validating: Handler) -> Handler:
         mutated = mutating(request, view, config)
         if not mutated.allowed:
             return mutated
-        looked = mutated.object is not None  # the mutating handler judged the object (not another operation)
-        checked = validating({**request, "object": mutated.object} if looked else request, view, config)
-        warnings = [*mutated.warnings, *checked.warnings]
-        return replace(mutated if looked and checked.allowed else checked, warnings=warnings)
+        if mutated.object is None:  # the mutating handler did not judge the object (another operation)
+            checked = validating(request, view, config)
+            return replace(checked, warnings=[*mutated.warnings, *checked.warnings])
+        return joined(mutated, validating({**request, "object": mutated.object}, view, config))
     return both
 
 

@@ -1,28 +1,33 @@
 """AdmissionReview in, AdmissionReview out: the one seam the server, the CLI and the tests share.
 
-The webhooks table maps each URL path to a handler (admission.pods, admission.workloads). A decision's
-changes keep tuple paths until `respond` writes them as the response's JSON Patch.
+The webhooks table maps each URL path to a handler (admission.pods, admission.workloads), each under the
+configured enforcement (admission.enforcement); `/warn/<id>` answers under `warn` (SPEC.md §4.10). A
+decision's changes keep tuple paths until `respond` writes them as the response's JSON Patch.
 """
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
 
-from ..rules import quota, workloads
+from ..rules import quota
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
 from ..rules.text import quote
-from .pods import EPHEMERAL, Handler, Rule, admit, admit_request, decide, mutate_pods, validate_pods
-from .workloads import decide_workload, kind_of
+from . import enforcement
+from .enforcement import admit, admit_request
+from .pods import EPHEMERAL, Handler, Rule, decide
+from .workloads import decide_workload, kind_of, workload_kind
 
 __all__ = ["API_VERSIONS", "EPHEMERAL", "WEBHOOKS", "BadReview", "Handler", "Reply", "Rule", "admit", "admit_review",
            "answer", "decide", "decide_workload", "handle", "handle_parsed", "parse", "quota_warnings",
-           "request_of", "respond"]
+           "request_of", "respond", "route"]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}
@@ -61,12 +66,31 @@ def answer(review: dict[str, Any], handler: Handler, view: ClusterView,
     return respond(uid, decision, review.get("apiVersion")), decision
 
 
-#: Handler ids; the webhook configurations call https://<service>/<id>.
+#: Handler ids; the webhook configurations call https://<service>/<id>. The pod webhooks answer under the
+#: configured enforcement (admission.enforcement).
 WEBHOOKS: dict[str, Handler] = {
-    "mutate-pods": mutate_pods,
-    "validate-pods": validate_pods,
+    "mutate-pods": enforcement.mutate_step,
+    "validate-pods": enforcement.validate_step,
     "validate-workloads": decide_workload,
 }
+
+
+#: Paths under this prefix (`/warn/mutate-pods`, ...) answer under `warn` whatever the server's enforcement: the
+#: webhook configurations send them the requests of namespaces labelled `hami.io/enforcement: warn` (§4.10).
+WARN_PREFIX = "warn/"
+
+
+def route(webhook: str, config: Config) -> tuple[str, Config]:
+    """The handler id a path names, and the settings to answer it with."""
+    if webhook.startswith(WARN_PREFIX):
+        return webhook[len(WARN_PREFIX):], warned(config)
+    return webhook, config
+
+
+@lru_cache(maxsize=8)
+def warned(config: Config) -> Config:
+    """`config` under `warn`; cached, as it is asked for on every review of a namespace in warn."""
+    return config if config.enforcement == enforcement.WARN else dataclasses.replace(config, enforcement="warn")
 
 
 def respond(uid: str, decision: Decision, api_version: Any = None) -> dict[str, Any]:
@@ -98,7 +122,7 @@ def handle(body: bytes, webhook: str, view: ClusterView, config: Config,
            quotas: quota.QuotaIndex | None = None) -> Reply:
     """The HTTP seam: status code and body for a POST to /<webhook>."""
     try:
-        review = parse(body) if webhook in WEBHOOKS else {}
+        review = parse(body) if route(webhook, config)[0] in WEBHOOKS else {}
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
     return handle_parsed(review, webhook, view, config, quotas)
@@ -107,6 +131,7 @@ def handle(body: bytes, webhook: str, view: ClusterView, config: Config,
 def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config,
                   quotas: quota.QuotaIndex | None = None) -> Reply:
     """`handle` for a body already decoded with `parse` (the server decodes large bodies in a thread)."""
+    webhook, config = route(webhook, config)
     handler = WEBHOOKS.get(webhook)
     if handler is None:
         return Reply(404, orjson.dumps({"error": f"no webhook {quote(webhook)}; known: {', '.join(WEBHOOKS)}"}))
@@ -136,7 +161,7 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config,
     """The API server's answer to an AdmissionReview: for a pod both pod webhooks, chained (the mutating
     answer, or the validating denial of its result); for a workload, validate-workloads."""
     request, uid = request_of(review)
-    if kind_of(request) in workloads.TEMPLATES:
+    if workload_kind(request) is not None:
         decision = decide_workload(request, view, config)
     else:
         decision = admit_request(request, view, config)

@@ -4,7 +4,7 @@ A pod-only webhook accepts a Deployment whose pods it will refuse: the refusal t
 FailedCreate events on a ReplicaSet. Here the template is turned into the pod a controller would
 create (rules.workloads) and run through both pod webhooks (`pods.admit`), so `kubectl apply` is denied
 with the same message, and the changes pod creation will make come back as warnings. The workload
-itself is never patched.
+itself is never patched. Training jobs (a launcher and workers) get each of their templates checked.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ..rules import workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
+from . import enforcement
 from .pods import admit
 
 
@@ -29,47 +30,72 @@ def kind_of(request: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) else None
 
 
+def workload_kind(request: dict[str, Any]) -> workloads.Kind | None:
+    """The workload table's entry for the request: by `request.kind`'s group and kind, else by the object's."""
+    kind = request.get("kind")
+    if isinstance(kind, dict) and isinstance(kind.get("kind"), str):
+        group = kind.get("group")
+        return workloads.find(kind["kind"], group if isinstance(group, str) else "")
+    return workloads.of(request.get("object"))
+
+
 def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
-    """validate-workloads: the pod rules on a workload's pod template, on CREATE and UPDATE; never a patch."""
+    """validate-workloads: the pod rules on a workload's pod templates, on CREATE and UPDATE; never a patch.
+    Under `warn` (SPEC.md §4.10) its denial is a warning."""
     operation = request.get("operation")
     if operation not in ("CREATE", "UPDATE") or request.get("subResource"):
         return Decision()
     obj = request.get("object")
     if obj is None:
         return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
-    kind = kind_of(request)
-    if kind not in workloads.TEMPLATES:
+    kind = workload_kind(request)
+    if kind is None:
         return Decision()
     old = request.get("oldObject") if operation == "UPDATE" else None
-    return check(obj, kind, view, config, old=old)
+    return enforcement.soften(check(obj, kind, view, config, old=old), config)
 
 
-def check(workload: Any, kind: str, view: ClusterView, config: Config, old: Any = None) -> Decision:
-    """The validate-workloads answer: deny what pod creation would deny, warn what it would change.
+def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: Config, old: Any = None) -> Decision:
+    """The validate-workloads answer under `deny`: deny what pod creation would deny, warn what it would change.
 
-    `old` is the stored object on UPDATE. An update that leaves the template as it was is never denied
+    `old` is the stored object on UPDATE. An update that leaves the templates as they were is never denied
     (scaling a Deployment created before this webhook must keep working); it only warns when the
-    template's pods would be denied. The decision's object is the workload, unchanged, with no patch.
+    templates' pods would be denied. The decision's object is the workload, unchanged, with no patch.
+    A kind with several templates (a training job's launcher and workers) names the template in each
+    message; the first template whose pods would be denied decides.
     """
-    name = workloads.label(workload, kind)
-    pod = workloads.pod_of(workload, kind)
-    if pod is None:
-        return Decision.deny(f"{name} has no pod template at {workloads.template_path(kind)}", "malformed", 400,
+    entry = workloads.find(kind)
+    assert entry is not None, kind
+    name = workloads.label(workload, entry)
+    found = list(workloads.templates(workload, entry))
+    if not found:
+        return Decision.deny(f"{name} has no pod template at {workloads.template_path(entry)}", "malformed", 400,
                              obj=workload)
-    decision = admit(pod, view, config)  # a template labelled hami.io/webhook: ignore gets validation only
-    if old is not None and workloads.template(old, kind) == workloads.template(workload, kind):
-        if decision.allowed or decision.reason == "not-ready":
+    named = len(entry.paths) > 1 or any(workloads.MAP in p or workloads.LIST in p for p in entry.paths)
+    warnings: list[str] = []
+    denial: Decision | None = None
+    waiting = False
+    for where, tpl in found:
+        pod = workloads.pod_of(workload, entry, tpl)
+        decision = admit(pod, view, config)  # a template labelled hami.io/webhook: ignore: validation only
+        prefix = f"{name}: {where}" if named else name
+        if decision.reason == "not-ready":
+            waiting = True
+            continue
+        warnings += [f"{prefix}: {w}" for w in decision.warnings]
+        if not decision.allowed and denial is None:
+            denial = Decision.deny(f"{prefix}: {decision.message}", decision.reason, decision.code, obj=workload)
+    if old is not None and list(workloads.templates(old, entry)) == found:
+        if denial is None:
             return Decision(object=workload)
         return Decision(object=workload, warnings=[
             f"{name}: the pod template is unchanged, so this update is allowed, but its pods will be denied: "
-            f"{decision.message}"])
-    if decision.reason == "not-ready":
+            f"{denial.message[len(name) + 2:]}"])
+    if denial is not None:
+        denial.warnings = warnings
+        return denial
+    if waiting:
         # Controllers retry pod creation, and every pod is checked then; holding up the workload helps nobody.
-        return Decision(object=workload, warnings=[
-            f"{name}: the pod template could not be checked yet (hami-mt-webhook has not read the nodes' sGPU "
-            "capacities); its pods are checked when they are created"])
-    warnings = [f"{name}: {w}" for w in decision.warnings]
-    if not decision.allowed:
-        return Decision.deny(f"{name}: {decision.message}", decision.reason, decision.code, obj=workload,
-                             warnings=warnings)
+        warnings.append(f"{name}: the pod template could not be checked yet (hami-mt-webhook has not read the "
+                        "nodes' sGPU capacities); its pods are checked when they are created")
     return Decision(object=workload, warnings=warnings)

@@ -40,6 +40,10 @@ def _config_flags(parser: argparse.ArgumentParser) -> None:
                        help="opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
                             "writes it (key[=value]:effect); slice pods get a toleration for it "
                             "[HAMI_MT_SLICED_NODE_TAINT; none]")
+    group.add_argument("--enforcement", dest="enforcement", choices=["deny", "warn"],
+                       help="deny, or warn for a gradual rollout: every denial of the rules becomes a warning "
+                            "'would deny: ...', counted in hami_mt_webhook_would_deny_total; a namespace labelled "
+                            "hami.io/enforcement: warn gets warn under deny [HAMI_MT_ENFORCEMENT; deny]")
 
 
 def _load_config(args: argparse.Namespace) -> Config:
@@ -106,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
                         description="Run the mutating and then the validating rules on pods from files, and on the "
                                     "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
-                                    "ReplicationControllers, Jobs and CronJobs. Objects of other kinds are listed "
+                                    "ReplicationControllers, Jobs and CronJobs, and of training jobs (Kubeflow "
+                                    "PyTorchJob and MPIJob, Ray RayJob and RayCluster, LeaderWorkerSet, JobSet, "
+                                    "Volcano Job). Objects of other kinds are listed "
                                     "as skipped. Exit 0: all judged objects allowed; 1: any denied; 2: bad input "
                                     "(or, with --strict, a skipped kind).")
     rv.add_argument("-f", "--filename", action="append", required=True, dest="files",

@@ -1,7 +1,8 @@
 """`hami-mt-webhook review`: the webhooks' answers for manifests, without a cluster (SPEC.md §7).
 
 Pods get both pod webhooks; workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet, ReplicationController,
-Job, CronJob) get validate-workloads, which judges their pod template and never patches them. Objects of
+Job, CronJob) and training jobs (Kubeflow, Ray, LeaderWorkerSet, JobSet, Volcano; `rules.workloads.KINDS`) get
+validate-workloads, which judges their pod templates and never patches them. Objects of
 other kinds are skipped and listed as skipped, so whole `kubectl kustomize` or `helm template` output can be
 piped in; `--strict` makes them an error.
 """
@@ -17,6 +18,7 @@ import orjson
 import yaml
 
 from ..admission import review
+from ..admission.enforcement import soften
 from ..admission.workloads import check as check_workload
 from ..rules import workloads
 from ..rules.capacity import ClusterView
@@ -57,8 +59,10 @@ def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tu
     return out
 
 
-WORKLOADS = ", ".join(workloads.TEMPLATES)
-LISTS = ("List", "PodList", *(f"{kind}List" for kind in workloads.TEMPLATES))
+WORKLOADS = ", ".join(dict.fromkeys(k.kind for k in workloads.KINDS if k.builtin))
+TRAINING = ", ".join(dict.fromkeys(k.kind if k.kind != "Job" else "Volcano Job" for k in workloads.KINDS
+                                   if not k.builtin))
+LISTS = ("List", "PodList", *(f"{kind.kind}List" for kind in workloads.KINDS))
 
 
 def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
@@ -67,7 +71,8 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
     for source, doc in documents:
         if not isinstance(doc, dict):
             raise InputError(f"{source}: not a Kubernetes object "
-                             f"(expected a Pod, a workload ({WORKLOADS}), a List of them or an AdmissionReview)")
+                             f"(expected a Pod, a workload ({WORKLOADS}), a training job ({TRAINING}), a List of "
+                             "them or an AdmissionReview)")
         kind = doc.get("kind")
         listed = isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list)
         if kind in LISTS or listed or (kind is None and isinstance(doc.get("items"), list)):
@@ -80,10 +85,10 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
                              "...) as kubectl needs it too")
         elif kind in ("Pod", "AdmissionReview"):
             out.append(Item(source, doc))
-        elif kind in workloads.TEMPLATES:
-            if workloads.template(doc, kind) is None:
-                raise InputError(f"{source}: {workloads.label(doc, kind)} has no pod template at "
-                                 f"{workloads.template_path(kind)}")
+        elif (entry := workloads.of(doc)) is not None:
+            if workloads.template(doc, entry) is None:
+                raise InputError(f"{source}: {workloads.label(doc, entry)} has no pod template at "
+                                 f"{workloads.template_path(entry)}")
             out.append(Item(source, doc))
         else:
             out.append(Item(source, doc, skipped=True))
@@ -120,9 +125,9 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
         except review.BadReview as err:
             raise InputError(f"{item.source}: {err}") from None
         return out, decision.allowed
-    kind = item.doc.get("kind")
-    if kind in workloads.TEMPLATES:  # what validate-workloads answers when the workload is created
-        decision = check_workload(item.doc, kind, view, config)
+    kind = workloads.of(item.doc)
+    if kind is not None:  # what validate-workloads answers when the workload is created
+        decision = soften(check_workload(item.doc, kind, view, config), config)
     else:
         decision = review.admit(item.doc, view, config)
     return summary(item.doc, decision), decision.allowed
@@ -142,19 +147,18 @@ def summary(pod: dict[str, Any], decision: Decision) -> dict[str, Any]:
     }
 
 
-JUDGED = f"Pods, workloads ({WORKLOADS}), Lists of them and AdmissionReviews"
+JUDGED = f"Pods, workloads ({WORKLOADS}), training jobs ({TRAINING}), Lists of them and AdmissionReviews"
 
 
 def pod_spec(item: Item) -> dict[str, Any] | None:
     """The pod spec an item is judged by: the Pod's, the workload's template's, or the review's object's."""
     doc: Any = item.doc
-    kind = doc.get("kind")
-    if kind == "AdmissionReview":
+    if doc.get("kind") == "AdmissionReview":
         request = doc.get("request")
         doc = request.get("object") if isinstance(request, dict) else None
-        kind = doc.get("kind") if isinstance(doc, dict) else None
-    if kind in workloads.TEMPLATES:
-        doc = workloads.template(doc, kind)
+    entry = workloads.of(doc)
+    if entry is not None:
+        doc = workloads.template(doc, entry)
     spec = doc.get("spec") if isinstance(doc, dict) else None
     return spec if isinstance(spec, dict) else None
 

@@ -28,6 +28,7 @@ ENV = {
     "HAMI_MT_MEMORY_PER_CARD": "memory_per_card",
     "HAMI_MT_RETIRED_SCHEDULERS": "retired_schedulers",
     "HAMI_MT_SLICED_NODE_TAINT": "sliced_node_taint",
+    "HAMI_MT_ENFORCEMENT": "enforcement",
 }
 
 
@@ -80,6 +81,8 @@ def from_values(values: Mapping[str, object], environ: Mapping[str, str] | None 
             kwargs[name] = parse_capacities(text)
         elif name == "sliced_node_taint":
             kwargs[name] = parse_taint(text)
+        elif name == "enforcement":
+            kwargs[name] = text.strip().lower()
         else:
             kwargs[name] = text
     return Config(**kwargs)

@@ -50,9 +50,12 @@ def registration(cluster: Cluster, settings: Settings) -> list[Finding]:
     for kind, config_name, shipped in _ours():
         entry = ours.get(shipped["name"])
         if entry is None:
-            path = mapping(mapping(shipped.get("clientConfig")).get("service")).get("path", "")
+            path = str(mapping(mapping(shipped.get("clientConfig")).get("service")).get("path", ""))
+            lost = _MISSING.get(path.removeprefix("/warn"), "it does not run")
+            if path.startswith("/warn/"):  # the copy for namespaces in rollout mode (SPEC 4.10)
+                lost = f"in namespaces labelled hami.io/enforcement: warn, {lost}"
             found.append(Finding("registration", f"{kind} {config_name}",
-                                 f"webhook {shipped['name']} is not registered: {_MISSING.get(path, 'it does not run')}"
+                                 f"webhook {shipped['name']} is not registered: {lost}"
                                  "; apply it (kubectl apply -f certs/webhook-configurations.yaml, or helm upgrade)"))
             continue
         _, doc, hook = entry

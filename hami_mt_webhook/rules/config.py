@@ -16,6 +16,9 @@ BIND_ANNOTATIONS = (
 #: sgpu-core units in one card.
 CORES_PER_CARD = 16
 
+#: The two enforcement modes (SPEC.md §4.10): denials are denials, or warnings that say what would be denied.
+ENFORCEMENTS = ("deny", "warn")
+
 #: Per-card sgpu-memory of the cards the vendor slices: MTT S4000 (48 GiB) and MTT S5000 (80 GiB).
 CARD_SIZES = frozenset({96, 160})
 
@@ -36,11 +39,15 @@ class Config:
     retired_schedulers: tuple[str, ...] = ()
     #: Opt-in: the taint on sliced nodes, as (key, value, effect); slice pods get a toleration for it.
     sliced_node_taint: tuple[str, str, str] | None = None
+    #: "deny", or "warn" for a gradual rollout: the admission layer turns rule denials into warnings (§4.10).
+    enforcement: str = "deny"
 
     def __post_init__(self) -> None:
         if not self.memory_per_card or any(c < 2 for c in self.memory_per_card):
             raise ValueError("memoryPerCard must list capacities of at least 2 units, "
                              f"got {list(self.memory_per_card)}")
+        if self.enforcement not in ENFORCEMENTS:
+            raise ValueError(f"enforcement must be deny or warn, got {self.enforcement[:64]!r}")
         names = (self.vgpu, self.memory, self.core, *self.whole_card)
         if len(set(names)) != len(names):
             raise ValueError(f"resource names must be distinct, got {list(names)}")

@@ -131,6 +131,7 @@ class Decision:
     changes: Sequence[Change] = ()
     object: Any = None  # the pod after the changes
     mutations: list[str] = field(default_factory=list)  # kinds of change: exclusive, snap, vendor-form, ...
+    would_deny: list[str] = field(default_factory=list)  # reasons of denials turned into warnings (SPEC.md §4.10)
 
     @property
     def patch(self) -> list[dict[str, Any]]:

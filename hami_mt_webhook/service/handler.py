@@ -17,7 +17,7 @@ import aiohttp.web
 import orjson
 from aiohttp import hdrs
 
-from ..admission import review
+from ..admission import enforcement, review
 from ..rules.decision import Decision
 from ..rules.text import clip, quote
 from .listener import GuardedHandler, Limits, Listener
@@ -41,7 +41,8 @@ class ReviewHandler:
 
     async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
         webhook = request.match_info["id"]
-        label = webhook if webhook in review.WEBHOOKS else "unknown"  # a label per random path would never end
+        base = review.route(webhook, self.state.config)[0]
+        label = base if base in review.WEBHOOKS else "unknown"  # a label per random path would never end
         started = time.perf_counter()
         state = self.state
         encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
@@ -62,7 +63,8 @@ class ReviewHandler:
             reply = review.Reply(400, b'{"error":"the review could not be evaluated"}')
         state.metrics.review(label, reply.request, reply.decision, time.perf_counter() - started)
         decision = reply.decision
-        if decision is not None and (decision.changes or not decision.allowed) and logger.isEnabledFor(logging.INFO):
+        if decision is not None and (decision.changes or not decision.allowed or decision.would_deny) \
+                and logger.isEnabledFor(logging.INFO):
             try:
                 log_decision(webhook, reply.request or {}, decision)
             except Exception:  # a log line must never cost an answer
@@ -89,7 +91,7 @@ class ReviewHandler:
             body = await request.read()
             if isinstance(protocol, GuardedHandler):
                 protocol.request_read()
-            if webhook not in review.WEBHOOKS:
+            if review.route(webhook, state.config)[0] not in review.WEBHOOKS:
                 return review.handle_parsed({}, webhook, state.view, state.config, state.quotas)
             try:
                 parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
@@ -109,7 +111,11 @@ def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> N
              "dry_run": bool(request.get("dryRun"))}
     if not decision.allowed:
         logger.info("denied: %s", decision.message, extra={**extra, "reason": decision.reason})
-    else:
+        return
+    if decision.would_deny:  # rollout mode: the denial that `deny` would have answered
+        shown = [w for w in decision.warnings if w.startswith(enforcement.WOULD_DENY)]
+        logger.info("%s", "; ".join(shown), extra={**extra, "reason": ",".join(decision.would_deny)})
+    if decision.changes:
         logger.info("mutated: %s", ", ".join(decision.mutations), extra={**extra, "warnings": decision.warnings})
 
 

@@ -26,6 +26,10 @@ class Metrics:
                                   buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0))
         self.mutations = Counter("hami_mt_webhook_mutations", "Changes made to pods, by kind.", ["kind"], registry=r)
         self.denials = Counter("hami_mt_webhook_denials", "Pods denied, by reason.", ["webhook", "reason"], registry=r)
+        self.would_deny = Counter("hami_mt_webhook_would_deny",
+                                  "Denials answered as warnings under --enforcement warn or a namespace labelled "
+                                  "hami.io/enforcement: warn, by the rule that would have denied.", ["rule"],
+                                  registry=r)
         self.bad_requests = Counter("hami_mt_webhook_bad_requests", "Bodies that were not answerable reviews.",
                                     ["webhook"], registry=r)
         self.nodes = Gauge("hami_mt_webhook_sliced_nodes", "Sliced nodes in the node view.", registry=r)
@@ -77,6 +81,8 @@ class Metrics:
         self._child(self.duration, webhook).observe(seconds)
         for kind in decision.mutations:
             self._child(self.mutations, kind).inc()
+        for rule in decision.would_deny:
+            self._child(self.would_deny, rule).inc()
         if not decision.allowed:
             self._child(self.denials, webhook, decision.reason or "other").inc()
 

@@ -47,7 +47,8 @@ class AdmissionServer:
         context = self.certificates.load()
         handler = ReviewHandler(self.state, self.limits)
         app = aiohttp.web.Application(client_max_size=self.limits.max_body)
-        app.router.add_post("/{id}", handler.handle)
+        # /<id>, and /warn/<id> for the namespaces in rollout mode (SPEC.md §4.10)
+        app.router.add_post(r"/{id:(warn/)?[^/]+}", handler.handle)
         metrics = self.state.metrics
         self.listener = listener = Listener(app, self.addr or "0.0.0.0", self.port or 0, context, self.limits,
                                             on_close=metrics.connection_closed)

@@ -18,6 +18,7 @@ import yaml
 
 from devtools import manifests
 from hami_mt_webhook.admission import review
+from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.rules import workloads
 
 NS = "hami-mt-webhook"
@@ -29,10 +30,20 @@ HOOKS = {
     "ValidatingWebhookConfiguration": ("validate.hami-mt.mthreads.com", "/validate-pods"),
 }
 WORKLOADS = "hami-mt-webhook-workloads"
-#: Every webhook configuration, (kind, metadata.name) -> (webhook name, handler path).
+BUILTIN = sorted(k.kind for k in workloads.KINDS if k.builtin)
+WARN = "hami-mt-webhook-warn"
+TRAINING = ("validate-training.hami-mt.mthreads.com", "/validate-workloads")
+#: Every webhook configuration, (kind, metadata.name) -> [(webhook name, handler path), ...].
 CONFIGS = {
-    **{(kind, NAME): hook for kind, hook in HOOKS.items()},
-    ("ValidatingWebhookConfiguration", WORKLOADS): ("validate-workloads.hami-mt.mthreads.com", "/validate-workloads"),
+    **{(kind, NAME): [hook] for kind, hook in HOOKS.items()},
+    ("ValidatingWebhookConfiguration", WORKLOADS): [("validate-workloads.hami-mt.mthreads.com", "/validate-workloads"),
+                                                    TRAINING],
+    # SPEC 4.10: the same registrations for namespaces in rollout mode, under /warn/
+    ("MutatingWebhookConfiguration", WARN): [("mutate-warn.hami-mt.mthreads.com", "/warn/mutate-pods")],
+    ("ValidatingWebhookConfiguration", WARN): [
+        ("validate-warn.hami-mt.mthreads.com", "/warn/validate-pods"),
+        ("validate-workloads-warn.hami-mt.mthreads.com", "/warn/validate-workloads"),
+        ("validate-training-warn.hami-mt.mthreads.com", "/warn/validate-workloads")],
 }
 WORKLOAD_RULES = [
     {"operations": ["CREATE", "UPDATE"], "apiGroups": ["apps"], "apiVersions": ["v1"],
@@ -42,12 +53,16 @@ WORKLOAD_RULES = [
     {"operations": ["CREATE", "UPDATE"], "apiGroups": ["batch"], "apiVersions": ["v1"],
      "resources": ["jobs", "cronjobs"], "scope": "Namespaced"},
 ]
-NAMESPACE_SELECTOR = {
+#: The namespaces no webhook and no backstop looks at (SPEC 4.8).
+SCOPE = {
     "matchExpressions": [
         {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system", NS]},
         {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]},
     ]
 }
+#: The webhooks' selector: the scope, without the namespaces in rollout mode (their copies in WARN take them).
+NAMESPACE_SELECTOR = {"matchExpressions": [*SCOPE["matchExpressions"],
+                                           {"key": "hami.io/enforcement", "operator": "NotIn", "values": ["warn"]}]}
 OBJECT_SELECTOR = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
 POD_RULE = {"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "*"}
 EPHEMERAL_RULE = {"operations": ["UPDATE"], "apiGroups": [""], "apiVersions": ["v1"],
@@ -96,6 +111,7 @@ def test_load_follows_the_kustomization_resources_in_order(docs: list[dict[str, 
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "Deployment",
         "PodDisruptionBudget", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
         "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
+        "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicyBinding",
     ])  # fmt: skip
 
 
@@ -135,7 +151,7 @@ def test_dump_round_trips(docs: list[dict[str, Any]]) -> None:
 def test_with_ca_bundle_sets_every_webhook_and_leaves_the_input(docs: list[dict[str, Any]]) -> None:
     out = manifests.with_ca_bundle(docs, CA_PEM)
     hooks = [w for d in out if d["kind"] in HOOKS for w in d["webhooks"]]
-    assert len(hooks) == len(CONFIGS)
+    assert len(hooks) == sum(len(h) for h in CONFIGS.values())
     for hook in hooks:
         assert base64.b64decode(hook["clientConfig"]["caBundle"]) == CA_PEM
         assert hook["clientConfig"]["service"]["name"] == NAME
@@ -197,19 +213,22 @@ def test_match_condition_text_guards_every_optional_field(docs: list[dict[str, A
 
 
 def test_every_handler_has_a_configuration_and_every_path_a_handler(docs: list[dict[str, Any]]) -> None:
-    found = {(d["kind"], d["metadata"]["name"]): (w["name"], w["clientConfig"]["service"]["path"])
-             for d in docs if d["kind"] in HOOKS for w in d["webhooks"]}
+    found = {(d["kind"], d["metadata"]["name"]): [(w["name"], w["clientConfig"]["service"]["path"])
+                                                  for w in d["webhooks"]] for d in docs if d["kind"] in HOOKS}
     assert found == CONFIGS
-    assert {path.lstrip("/") for _, path in CONFIGS.values()} == set(review.WEBHOOKS)
+    paths = {path for hooks in CONFIGS.values() for _, path in hooks}
+    assert {path.lstrip("/") for path in paths if not path.startswith("/warn/")} == set(review.WEBHOOKS)
+    assert {path for path in paths if path.startswith("/warn/")} == {f"/warn{path}" for path in paths
+                                                                     if not path.startswith("/warn/")}
 
 
 def test_workload_webhook_configuration(docs: list[dict[str, Any]]) -> None:
     config = configuration(docs, "ValidatingWebhookConfiguration", WORKLOADS)
     assert config["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert config["metadata"]["labels"] == {"app.kubernetes.io/name": NAME}
-    (hook,) = config["webhooks"]
+    hook, training = config["webhooks"]
     pods = configuration(docs, "ValidatingWebhookConfiguration")["webhooks"][0]
-    name, path = CONFIGS[("ValidatingWebhookConfiguration", WORKLOADS)]
+    name, path = CONFIGS[("ValidatingWebhookConfiguration", WORKLOADS)][0]
     assert hook["name"] == name
     assert hook["clientConfig"] == {"service": {"namespace": NS, "name": NAME, "port": 443, "path": path}}
     assert hook["rules"] == WORKLOAD_RULES
@@ -221,11 +240,21 @@ def test_workload_webhook_configuration(docs: list[dict[str, Any]]) -> None:
     assert "reinvocationPolicy" not in hook
     # Every workload kind the handler reads is routed here, in the group the handler expects.
     routed = {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert routed == {(group, kind.lower() + "s") for kind, (group, _) in workloads.TEMPLATES.items()}
+    assert routed == {(k.group, k.resource) for k in workloads.KINDS if k.builtin}
+    # The training jobs' webhook: the same settings, the rules of the table's custom resources.
+    assert {**training, "name": hook["name"], "rules": hook["rules"], "matchConditions": None} == \
+        {**hook, "matchConditions": None}
+    assert training["name"] == TRAINING[0]
+    routed = {(g, v, r) for rule in training["rules"] for g in rule["apiGroups"] for v in rule["apiVersions"]
+              for r in rule["resources"]}
+    assert {(k.group, v, k.resource) for k in workloads.KINDS if not k.builtin for v in k.versions} <= routed
+    assert {(g, r) for g, _, r in routed} == {(k.group, k.resource) for k in workloads.KINDS if not k.builtin}
+    assert all(rule["operations"] == ["CREATE", "UPDATE"] and rule["scope"] == "Namespaced"
+               for rule in training["rules"])
 
 
-def workload_condition(docs: list[dict[str, Any]]) -> str:
-    (hook,) = configuration(docs, "ValidatingWebhookConfiguration", WORKLOADS)["webhooks"]
+def workload_condition(docs: list[dict[str, Any]], index: int = 0) -> str:
+    hook = configuration(docs, "ValidatingWebhookConfiguration", WORKLOADS)["webhooks"][index]
     (condition,) = hook["matchConditions"]
     assert condition["name"]
     return condition["expression"]
@@ -318,14 +347,15 @@ def test_match_condition_skips_every_other_pod(docs: list[dict[str, Any]], cel: 
 
 def workload(kind: str, pod_obj: dict[str, Any]) -> dict[str, Any]:
     """A workload of `kind` whose pod template is `pod_obj`'s metadata and spec, where that kind keeps it."""
-    group, path = workloads.TEMPLATES[kind]
+    entry = workloads.find(kind)
+    group, path = entry.group, entry.paths[0].split(".")
     node: dict[str, Any] = {"metadata": {"labels": {"app": "x"}}, "spec": pod_obj["spec"]}
     for key in reversed(path):
         node = {key: node}
     return {"apiVersion": f"{group}/v1", "kind": kind, "metadata": {"name": "w", "namespace": "default"}, **node}
 
 
-@pytest.mark.parametrize("kind", sorted(workloads.TEMPLATES))
+@pytest.mark.parametrize("kind", BUILTIN)
 @pytest.mark.parametrize("case", sorted(SENT))
 def test_workload_condition_sends_templates_that_name_mthreads_resources(
     docs: list[dict[str, Any]], cel: Any, kind: str, case: str
@@ -333,7 +363,7 @@ def test_workload_condition_sends_templates_that_name_mthreads_resources(
     assert cel.evaluate(workload_condition(docs), {"object": workload(kind, SENT[case])}) is True
 
 
-@pytest.mark.parametrize("kind", sorted(workloads.TEMPLATES))
+@pytest.mark.parametrize("kind", BUILTIN)
 @pytest.mark.parametrize("case", sorted(NOT_SENT))
 def test_workload_condition_skips_every_other_template(
     docs: list[dict[str, Any]], cel: Any, kind: str, case: str
@@ -362,10 +392,11 @@ def test_workload_condition_guards_every_step_to_the_template(docs: list[dict[st
 def test_workload_condition_on_the_examples(docs: list[dict[str, Any]], cel: Any) -> None:
     examples = manifests.base_dir().parent / "examples"
     found = [d for f in sorted(examples.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
-             if d and d.get("kind") in workloads.TEMPLATES]
-    assert {d["kind"] for d in found} >= {"Deployment", "CronJob"}
+             if d and workloads.of(d) is not None]
+    assert {d["kind"] for d in found} >= {"Deployment", "CronJob", "PyTorchJob"}
     for doc in found:
-        assert cel.evaluate(workload_condition(docs), {"object": doc}) is True, doc["metadata"]["name"]
+        index = 0 if workloads.of(doc).builtin else 1  # the built-in kinds' webhook, or the training jobs'
+        assert cel.evaluate(workload_condition(docs, index), {"object": doc}) is True, doc["metadata"]["name"]
 
 
 def backstop(docs: list[dict[str, Any]], cel: Any, obj: dict[str, Any]) -> list[str]:
@@ -471,13 +502,20 @@ def test_backstop_policy_and_binding(docs: list[dict[str, Any]]) -> None:
     assert spec["failurePolicy"] == "Fail"
     constraints = spec["matchConstraints"]
     assert constraints["resourceRules"] == [POD_RULE]
-    assert constraints["namespaceSelector"] == NAMESPACE_SELECTOR
+    assert constraints["namespaceSelector"] == SCOPE
     assert "objectSelector" not in constraints  # a pod's own ignore label does not skip it (SPEC 4.8)
     assert all(v["messageExpression"] and v["reason"] == "Forbidden" for v in spec["validations"])
     assert "'default-scheduler'" in spec["validations"][1]["expression"]
     assert all(f"'{name}'" in yaml.safe_dump(spec["variables"]) for name in (*SLICES, WHOLE))
-    binding = one(docs, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"] == {"policyName": "hami-mt-backstop", "validationActions": ["Deny"]}
+    bindings = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    # SPEC 4.10: the backstop follows the mode; namespaces in rollout mode get warnings and audit annotations.
+    assert bindings == {
+        "hami-mt-backstop": {"policyName": "hami-mt-backstop", "validationActions": ["Deny"], "matchResources": {
+            "namespaceSelector": {"matchExpressions": [NAMESPACE_SELECTOR["matchExpressions"][-1]]}}},
+        "hami-mt-backstop-warn": {"policyName": "hami-mt-backstop", "validationActions": ["Warn", "Audit"],
+                                  "matchResources": {"namespaceSelector": {"matchExpressions": [
+                                      {"key": "hami.io/enforcement", "operator": "In", "values": ["warn"]}]}}},
+    }
 
 
 # --- RBAC, Service, Deployment, PDB ----------------------------------------------------------------------
@@ -620,11 +658,11 @@ def test_local_overlay_structure(tmp_path: Path) -> None:
     by_target = {(p["target"]["kind"], p["target"]["name"]): yaml.safe_load(p["patch"])
                  for p in kustomization["patches"]}
     assert sorted(by_target) == sorted([*CONFIGS, *((kind, NAME) for kind in manifests.IN_CLUSTER_ONLY)])
-    for target, (_, path) in CONFIGS.items():
-        (op,) = by_target[target]
-        assert op["op"] == "replace" and op["path"] == "/webhooks/0/clientConfig"
-        assert op["value"]["url"] == f"https://127.0.0.1:18443{path}"
-        assert base64.b64decode(op["value"]["caBundle"]) == CA_PEM
+    for target, hooks in CONFIGS.items():
+        for index, (op, (_, path)) in enumerate(zip(by_target[target], hooks, strict=True)):
+            assert op["op"] == "replace" and op["path"] == f"/webhooks/{index}/clientConfig"
+            assert op["value"]["url"] == f"https://127.0.0.1:18443{path}"
+            assert base64.b64decode(op["value"]["caBundle"]) == CA_PEM
     for kind in manifests.IN_CLUSTER_ONLY:
         assert by_target[(kind, NAME)]["$patch"] == "delete"
     # Writing again replaces the copy instead of failing or nesting.
@@ -637,13 +675,14 @@ def test_local_overlay_renders_with_kustomize(tmp_path: Path) -> None:
     kinds = {d["kind"] for d in rendered}
     assert not kinds & set(manifests.IN_CLUSTER_ONLY)
     assert {"Namespace", "ClusterRole", "ValidatingAdmissionPolicy", *HOOKS} <= kinds
-    for (kind, name), (_, path) in CONFIGS.items():
-        (hook,) = configuration(rendered, kind, name)["webhooks"]
-        assert hook["clientConfig"] == {
-            "url": f"https://127.0.0.1:18443{path}",
-            "caBundle": base64.b64encode(CA_PEM).decode(),
-        }
-        assert hook["failurePolicy"] == ("Ignore" if name == WORKLOADS else "Fail") and hook["matchConditions"]
+    for (kind, name), hooks in CONFIGS.items():
+        for hook, (hook_name, path) in zip(configuration(rendered, kind, name)["webhooks"], hooks, strict=True):
+            assert hook["clientConfig"] == {
+                "url": f"https://127.0.0.1:18443{path}",
+                "caBundle": base64.b64encode(CA_PEM).decode(),
+            }
+            assert hook["failurePolicy"] == ("Ignore" if "workloads" in hook_name or "training" in hook_name
+                                             else "Fail") and hook["matchConditions"]
 
 
 # --- network-policy component ----------------------------------------------------------------------------
@@ -699,4 +738,81 @@ def test_package_data_is_the_kustomize_base():
             f"copy manifests/{name} to hami_mt_webhook/admission/data/{name}")
     shipped = configurations.webhook_configurations()
     based = [d for d in manifests.load() if d["kind"] in configurations.WEBHOOK_KINDS]
-    assert shipped == based and len(shipped) == 3
+    assert shipped == based and len(shipped) == 5
+
+
+# --- rollout mode and training jobs (SPEC 4.10, §7) -----------------------------------------------------------------
+
+
+def test_warn_registrations_are_the_base_registrations_for_namespaces_in_rollout_mode(docs) -> None:
+    """webhooks-warn.yaml is generated from the base (`python -m devtools.manifests`): after a change to
+    webhooks.yaml or workload-webhook.yaml, run it; the copies differ in names, paths and one selector term."""
+    warn = manifests.load(manifests.base_dir() / manifests.WARN_FILE)
+    assert warn == manifests.warn_registrations(docs)
+    originals = [w for d in docs if d["kind"] in HOOKS and d["metadata"]["name"] != WARN for w in d["webhooks"]]
+    copies = [w for d in warn for w in d["webhooks"]]
+    assert len(copies) == len(originals) == 4
+    for original, copy in zip(originals, copies, strict=True):
+        *scope, term = copy["namespaceSelector"]["matchExpressions"]
+        assert term == {"key": "hami.io/enforcement", "operator": "In", "values": ["warn"]}
+        assert original["namespaceSelector"]["matchExpressions"] == [*scope, {**term, "operator": "NotIn"}]
+        assert copy["clientConfig"]["service"]["path"] == "/warn" + original["clientConfig"]["service"]["path"]
+        same = ("namespaceSelector", "clientConfig", "name")
+        assert {k: v for k, v in copy.items() if k not in same} == {k: v for k, v in original.items() if k not in same}
+
+
+def test_training_condition_is_generated_from_the_kinds_table(docs) -> None:
+    training = [k for k in workloads.KINDS if not k.builtin]
+    assert workload_condition(docs, 1) == manifests.template_condition(training, match_condition(docs))
+
+
+def training_job(kind: workloads.Kind, pod_obj: dict[str, Any], where: int = -1) -> dict[str, Any]:
+    """An object of a training kind with `pod_obj`'s spec as the template at its `where`-th path (others absent)."""
+    path = workloads.steps(kind.paths[where])
+    node: Any = {"metadata": {"labels": {"app": "x"}}, "spec": pod_obj["spec"]}
+    for step in reversed(path):
+        node = {"Worker": node} if step == workloads.MAP else [{"replicas": 1}, node] if step == workloads.LIST \
+            else {step: node}
+    return {"apiVersion": kind.api_versions[-1], "kind": kind.kind, "metadata": {"name": "t"}, **node}
+
+
+TRAINING_KINDS = {f"{k.kind}@{k.group}#{i}": (k, i) for k in workloads.KINDS if not k.builtin
+                  for i in range(len(k.paths))}
+
+
+@pytest.mark.parametrize("case", sorted(SENT))
+@pytest.mark.parametrize("kind", sorted(TRAINING_KINDS))
+def test_training_condition_sends_every_template_that_names_a_slice(docs, cel: Any, kind: str, case: str) -> None:
+    entry, where = TRAINING_KINDS[kind]
+    obj = training_job(entry, SENT[case], where)
+    assert cel.evaluate(workload_condition(docs, 1), {"object": obj}) is True
+    assert [tpl["spec"] for _, tpl in workloads.templates(obj, entry)] == [SENT[case]["spec"]]
+
+
+@pytest.mark.parametrize("case", sorted(NOT_SENT))
+@pytest.mark.parametrize("kind", sorted(TRAINING_KINDS))
+def test_training_condition_skips_templates_without_slices(docs, cel: Any, kind: str, case: str) -> None:
+    entry, where = TRAINING_KINDS[kind]
+    assert cel.evaluate(workload_condition(docs, 1), {"object": training_job(entry, NOT_SENT[case], where)}) is False
+
+
+@pytest.mark.parametrize("obj", [{}, {"spec": {}}, {"spec": {"pytorchReplicaSpecs": {"Worker": {}}}},
+                                 {"spec": {"workerGroupSpecs": [{}]}}, {"spec": {"replicatedJobs": [{"template": {}}]}},
+                                 {"spec": {"leaderWorkerTemplate": {}}}, {"spec": {"tasks": []}}])
+def test_training_condition_guards_every_step(docs, cel: Any, obj: dict[str, Any]) -> None:
+    assert cel.evaluate(workload_condition(docs, 1), {"object": obj}) is False
+
+
+@needs_kubectl
+def test_warn_component_renders_cluster_wide_rollout_mode(tmp_path: Path) -> None:
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../base/components/warn]\n")
+    rendered = kustomize(tmp_path / "overlay")
+    (container,) = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["command"][-2:] == ["--enforcement", "warn"]
+    assert cli.build_parser().parse_args(container["command"][1:]).enforcement == "warn"
+    bindings = {d["metadata"]["name"]: d["spec"]["validationActions"] for d in rendered
+                if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+    assert bindings == {"hami-mt-backstop": ["Warn", "Audit"], "hami-mt-backstop-warn": ["Warn", "Audit"]}

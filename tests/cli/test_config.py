@@ -31,6 +31,7 @@ RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
     "--core-resource": "core", "--whole-card-resources": "whole_card", "--memory-per-card": "memory_per_card",
     "--retired-schedulers": "retired_schedulers", "--sliced-node-taint": "sliced_node_taint",
+    "--enforcement": "enforcement",
 }
 RULE_ENV = {flag: next(env for env, name in config.ENV.items() if name == dest) for flag, dest in RULE_FLAGS.items()}
 
@@ -64,6 +65,7 @@ def test_defaults():
      ("b-sched", "c-sched")),
     ("HAMI_MT_SLICED_NODE_TAINT", "sliced_node_taint", "a.io/sliced=true:NoSchedule", "b.io/sliced:NoExecute",
      ("a.io/sliced", "true", "NoSchedule"), ("b.io/sliced", "", "NoExecute")),
+    ("HAMI_MT_ENFORCEMENT", "enforcement", "warn", "Warn", "warn", "warn"),
 ])
 def test_flag_beats_env_beats_default(env, field, flag_value, env_value, flag_result, env_result):
     default = getattr(Config(), field)
@@ -115,6 +117,14 @@ def test_bad_sliced_node_taint(text):
     with pytest.raises(ValueError, match="key\\[=value\\]:effect"):
         config.from_values({"sliced_node_taint": text}, environ={})
     assert Config().sliced_node_taint is None and config.parse_taint("  ") is None
+
+
+def test_bad_enforcement_from_env_names_the_modes(monkeypatch, capsys):
+    with pytest.raises(ValueError, match="deny or warn.*'audit'"):
+        config.from_values({}, environ={"HAMI_MT_ENFORCEMENT": "audit"})
+    monkeypatch.setenv("HAMI_MT_ENFORCEMENT", "dryrun")
+    assert cli.main(["review", "-f", "whatever.yaml"]) == 2
+    assert "enforcement must be deny or warn" in capsys.readouterr().err
 
 
 def test_resource_names_must_be_distinct():

@@ -363,3 +363,37 @@ def test_sliced_node_taint_flag(tmp_path, capsys):
         {"key": "example.com/sliced", "operator": "Exists", "effect": "NoSchedule"}]
     assert cli.main(["review", "-f", path, "--sliced-node-taint", "example.com/sliced"]) == 2
     assert "key[=value]:effect" in capsys.readouterr().err
+
+
+def test_enforcement_warn_admits_what_deny_denies_with_the_same_message(capsys):
+    """SPEC 4.10 offline: every denied example is admitted under warn, its message a `would deny` warning."""
+    denied = sorted(p for p in EXAMPLES.glob("*denied*.yaml"))
+    code, deny_lines, _ = run(capsys, *[a for p in denied for a in ("-f", str(p))], "--nodes", str(NODES))
+    assert code == 1 and not any(line["allowed"] for line in deny_lines)
+    code, warn_lines, err = run(capsys, *[a for p in denied for a in ("-f", str(p))], "--nodes", str(NODES),
+                                "--enforcement", "warn")
+    assert code == 0 and err == ""
+    for deny, warn in zip(deny_lines, warn_lines, strict=True):
+        assert warn["allowed"] is True and warn["code"] == 200
+        assert f"would deny: {deny['message']}" in warn["warnings"]
+        obj = warn["object"]
+        if obj.get("kind") == "Pod" and "hami.io/webhook" not in (obj["metadata"].get("labels") or {}):
+            assert obj["spec"]["schedulerName"] == SCHEDULER  # the rewrite always happens (not under the ignore label)
+
+
+def test_training_jobs_in_a_list_are_judged_and_other_custom_resources_skipped(tmp_path, capsys):
+    job = yaml.safe_load((EXAMPLES / "core-only-denied-pytorchjob.yaml").read_text())
+    ray = {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "ray"},
+           "spec": {"headGroupSpec": {"template": {"spec": {"containers": [
+               container("head", limits={VGPU: 1, MEMORY: 16, CORE: 4})]}}}}}
+    other = {"apiVersion": "example.com/v1", "kind": "PyTorchJob", "metadata": {"name": "lookalike"}, "spec": {}}
+    path = write(tmp_path, "jobs.yaml", {"apiVersion": "v1", "kind": "List", "items": [job, ray, other]})
+    code, lines, _ = run(capsys, "-f", path, "--nodes", str(NODES))
+    assert code == 1
+    assert [line.get("allowed", "skipped") for line in lines] == [False, True, "skipped"]
+    assert lines[0]["message"].startswith('PyTorchJob "finetune": spec.pytorchReplicaSpecs.Worker.template: ')
+    assert lines[1]["patch"] == [] and lines[1]["object"] == ray
+    bare = write(tmp_path, "bare.yaml", {**ray, "spec": {"workerGroupSpecs": []}})
+    assert cli.main(["review", "-f", bare]) == 2
+    assert "has no pod template at spec.headGroupSpec.template and spec.workerGroupSpecs[*].template" in \
+        capsys.readouterr().err

@@ -81,6 +81,12 @@ def clean() -> Cluster:
     )
 
 
+def shipped(name: str | None = None, kind: str = "ValidatingWebhookConfiguration") -> list[dict]:
+    """The webhooks this project ships (of the configuration `kind` `name`): one registration finding each."""
+    return [hook for doc in configurations.webhook_configurations() for hook in doc["webhooks"]
+            if name is None or (doc["metadata"]["name"], doc["kind"]) == (name, kind)]
+
+
 def found(cluster: Cluster, settings: Settings | None = None, check: str | None = None) -> list[checks.Finding]:
     out = checks.run(cluster, settings or Settings())
     return [f for f in out if check is None or f.check == check]
@@ -299,8 +305,9 @@ def hooks(cluster: Cluster) -> list[dict]:
 def test_a_missing_configuration_says_what_stops_working(name):
     cluster = clean()
     cluster.validating = [d for d in cluster.validating if d["metadata"]["name"] != name]
-    f = only(cluster, "registration")
-    assert f.object == f"ValidatingWebhookConfiguration {name}" and "is not registered" in f.message
+    out = found(cluster)
+    assert len(out) == len(shipped(name)) and {f.check for f in out} == {"registration"}
+    assert all(f.object == f"ValidatingWebhookConfiguration {name}" and "is not registered" in f.message for f in out)
 
 
 def test_failure_policies_as_shipped():
@@ -308,9 +315,10 @@ def test_failure_policies_as_shipped():
     for hook in hooks(cluster):
         hook["failurePolicy"] = "Ignore" if hook["failurePolicy"] == "Fail" else "Fail"
     out = found(cluster)
-    assert [f.check for f in out] == ["registration"] * 3
-    assert sum("failurePolicy Ignore: while it is unreachable" in f.message for f in out) == 2
-    assert sum("failurePolicy Fail: an outage" in f.message for f in out) == 1
+    assert [f.check for f in out] == ["registration"] * len(shipped())
+    closed = sum(hook["failurePolicy"] == "Fail" for hook in shipped())
+    assert sum("failurePolicy Ignore: while it is unreachable" in f.message for f in out) == closed
+    assert sum("failurePolicy Fail: an outage" in f.message for f in out) == len(shipped()) - closed
 
 
 def test_match_conditions_removed_or_missing_a_slice_resource():
@@ -319,7 +327,7 @@ def test_match_conditions_removed_or_missing_a_slice_resource():
     assert "has no matchConditions" in only(cluster, "registration").message
     renamed = Settings(config=Config(memory="example.com/slice-memory"))
     out = found(clean(), renamed, "registration")
-    assert len(out) == 3 and all("do not name example.com/slice-memory" in f.message for f in out)
+    assert len(out) == len(shipped()) and all("do not name example.com/slice-memory" in f.message for f in out)
 
 
 def test_a_ca_bundle_that_does_not_sign_the_served_certificate():
@@ -327,7 +335,7 @@ def test_a_ca_bundle_that_does_not_sign_the_served_certificate():
     other = certs.new_ca("another-ca")
     cluster.mutating, cluster.validating = registered(ca_pem=other.cert_pem())
     out = found(cluster)
-    assert len(out) == 3 and all("does not sign the certificate served at" in f.message for f in out)
+    assert len(out) == len(shipped()) and all("does not sign the certificate served at" in f.message for f in out)
     assert "another-ca" in out[0].message
 
 
@@ -341,7 +349,7 @@ def test_no_ca_bundle():
     cluster = clean()
     for hook in hooks(cluster):
         hook["clientConfig"].pop("caBundle")
-    assert len(found(cluster, check="registration")) == 3
+    assert len(found(cluster, check="registration")) == len(shipped())
 
 
 @pytest.mark.parametrize(("later", "words"), [(0, "expires on"), (11, "expired on")])
@@ -513,3 +521,11 @@ def test_checks_survive_objects_of_the_wrong_shape():
 def test_the_ca_bundle_field_is_base64_of_pem():
     hook = registered()[0][0]["webhooks"][0]
     assert base64.b64decode(hook["clientConfig"]["caBundle"]) == CA.cert_pem()
+
+
+def test_a_missing_rollout_mode_registration_names_the_namespaces_it_serves():
+    cluster = clean()
+    cluster.mutating = [d for d in cluster.mutating if d["metadata"]["name"] != "hami-mt-webhook-warn"]
+    f = only(cluster, "registration")
+    assert f.object == "MutatingWebhookConfiguration hami-mt-webhook-warn"
+    assert "in namespaces labelled hami.io/enforcement: warn, slice pods are not mutated" in f.message

@@ -6,13 +6,17 @@ import json
 import os
 import re
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from devtools.controlplane import ControlPlane
+from hami_mt_webhook.rules import workloads
 
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 IMAGE = "registry.example.com/mthreads/musa-runtime:latest"
 VGPU, MEMORY, CORE = "mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core"
 WHOLE = "mthreads.com/gpu"
@@ -67,6 +71,47 @@ def metric(hook: Any, name: str, /, **labels: str) -> float:
         if all(found.get(k) == v for k, v in labels.items()):
             total += float(value)
     return total
+
+
+def custom(path: Path) -> bool:
+    """An example of a training job, whose CRD test_training.py installs (and checks the example there)."""
+    kind = workloads.of(yaml.safe_load(path.read_text()))
+    return kind is not None and not kind.builtin
+
+
+#: The API server hands quantities to webhooks in canonical form, so a message quoting one may read differently.
+CANONICAL = {"fraction-denied-pod": ("limit 0.5 ", 'limit "500m" ')}
+
+
+def check_example(controlplane: ControlPlane, ns: str, example: str) -> None:
+    """The cluster says what `review` says (examples/expected), so the docs quoting either are right."""
+    (expected,) = [json.loads(x) for x in (EXAMPLES / "expected" / f"{example}.json").read_text().splitlines()]
+    r = controlplane.kubectl("apply", "-n", ns, "--dry-run=server", "-f", str(EXAMPLES / f"{example}.yaml"),
+                             check=False)
+    assert (r.returncode == 0) is expected["allowed"], r.stderr
+    for warning in expected["warnings"]:
+        assert f"Warning: {warning}" in r.stderr
+    if not expected["allowed"]:
+        message = expected["message"].replace(*CANONICAL.get(example, ("", "")))
+        labels = expected["object"]["metadata"].get("labels") or {}
+        if labels.get("hami.io/webhook") == "ignore":  # no mutation: the backstop answers, in the same words
+            assert "ValidatingAdmissionPolicy 'hami-mt-backstop' with binding 'hami-mt-backstop' denied " \
+                   f"request: {message}" in r.stderr
+            return
+        kind = workloads.of(expected["object"])
+        hook = "mutate" if kind is None else "validate-workloads" if kind.builtin else "validate-training"
+        assert f'admission webhook "{hook}.hami-mt.mthreads.com" denied the request: {message}' in r.stderr
+    else:
+        assert r.stderr.count("Warning:") == len(expected["warnings"]), r.stderr
+
+
+def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> None:
+    """Poll `check` until it is true; the API server applies some changes (registrations, labels) from caches."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:.0f} s: {what}")
+        time.sleep(0.1)
 
 
 def processes_mentioning(path: Path) -> list[int]:

@@ -36,7 +36,9 @@ SECRET = "hami-mt-webhook-tls"
 HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version",
                "helm.sh/chart")
 CONFIGS = (("MutatingWebhookConfiguration", "hami-mt-webhook"), ("ValidatingWebhookConfiguration", "hami-mt-webhook"),
-           ("ValidatingWebhookConfiguration", "hami-mt-webhook-workloads"))
+           ("ValidatingWebhookConfiguration", "hami-mt-webhook-workloads"),
+           ("MutatingWebhookConfiguration", "hami-mt-webhook-warn"),
+           ("ValidatingWebhookConfiguration", "hami-mt-webhook-warn"))
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
 #: Just enough of the Prometheus operator's CRD for the API server to serve ServiceMonitors.
 SERVICE_MONITOR_CRD = {
@@ -176,7 +178,7 @@ def test_a_rename_reaches_every_derived_field() -> None:
                   for c in w["matchConditions"] if c["name"] != "changed-after-mutation"]
     policy = find(docs, "ValidatingAdmissionPolicy", "hami-mt-backstop")["spec"]
     conditions += [c["expression"] for c in policy["matchConditions"]]
-    assert len(conditions) == 4 and all(c.count(literal) == 2 for c in conditions)
+    assert len(conditions) == 9 and all(c.count(literal) == 2 for c in conditions)
     variables = {v["name"]: v["expression"] for v in policy["variables"]}
     assert variables["sliceNames"] == literal
     assert "['example.com/MTT-S4000', 'example.com/MTT-S5000-80G']" in variables["wholeCard"]
@@ -202,7 +204,22 @@ def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
     assert ("ServiceMonitor", "hami-mt-webhook") in kinds(template("--api-versions", SERVICE_MONITOR_API))
     off = kinds(template("--set", "workloadCheck.enabled=false", "--set", "backstop.enabled=false"))
     assert off == kinds(rendered) - {CONFIGS[2], ("ValidatingAdmissionPolicy", "hami-mt-backstop"),
-                                     ("ValidatingAdmissionPolicyBinding", "hami-mt-backstop")}
+                                     ("ValidatingAdmissionPolicyBinding", "hami-mt-backstop"),
+                                     ("ValidatingAdmissionPolicyBinding", "hami-mt-backstop-warn")}
+    off_docs = template("--set", "workloadCheck.enabled=false")
+    assert [w["name"] for w in find(off_docs, "ValidatingWebhookConfiguration", "hami-mt-webhook-warn")["webhooks"]] \
+        == ["validate-warn.hami-mt.mthreads.com"]
+    # SPEC 4.10, cluster-wide warn: the server's flag and the backstop's binding; the per-namespace binding stays.
+    warn = template("--set", "enforcement=warn")
+    args = find(warn, "Deployment", "hami-mt-webhook")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--enforcement") + 1] == "warn"
+    assert "--enforcement" not in yaml.safe_dump(find(rendered, "Deployment", "hami-mt-webhook"))
+    for name in ("hami-mt-backstop", "hami-mt-backstop-warn"):
+        assert find(warn, "ValidatingAdmissionPolicyBinding", name)["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert find(rendered, "ValidatingAdmissionPolicyBinding", "hami-mt-backstop")["spec"]["validationActions"] == \
+        ["Deny"]
+    bad = helm("template", RELEASE, str(CHART), "--set", "enforcement=audit", check=False)
+    assert bad.returncode != 0 and "enforcement must be deny or warn" in bad.stderr
     docs = template("--set", "failurePolicy=Ignore", "--set", "workloadCheck.failurePolicy=Fail",
                     "--set", "timeoutSeconds=7", "--set", "replicas=5",
                     "--set", "excludedNamespaces={kube-system,monitoring}", "--set", "antiAffinity=hard",
@@ -211,7 +228,8 @@ def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
         for w in find(docs, kind, name)["webhooks"]:
             assert w["timeoutSeconds"] == 7
             assert w["namespaceSelector"]["matchExpressions"][0]["values"] == ["kube-system", "monitoring", NS]
-            assert w["failurePolicy"] == ("Ignore" if name == "hami-mt-webhook" else "Fail")
+            checks_workloads = "workloads" in w["name"] or "training" in w["name"]
+            assert w["failurePolicy"] == ("Fail" if checks_workloads else "Ignore")
     spec = find(docs, "Deployment", "hami-mt-webhook")["spec"]
     assert spec["replicas"] == 5 and "priorityClassName" not in spec["template"]["spec"]
     assert spec["template"]["spec"]["containers"][0]["image"] == "hami-mt-webhook:9.9.9"
@@ -302,7 +320,7 @@ class TestLifecycle:
             (d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(
                 helm("get", "manifest", RELEASE, "-n", NS, kubeconfig=cluster.kubeconfig).stdout) if d}
         urls = [w["clientConfig"]["url"] for kind, name in CONFIGS for w in get(cluster, kind, name)["webhooks"]]
-        assert len(urls) == 3 and all(u.startswith(local_hook.url) for u in urls)
+        assert len(urls) == 8 and all(u.startswith(local_hook.url) for u in urls)
         admitted = create(cluster, pod("sliced", {"mthreads.com/vgpu": 1}))
         assert admitted.returncode == 0, admitted.stderr
         spec = json.loads(admitted.stdout)["spec"]

@@ -52,8 +52,12 @@ def test_certs_writes_every_file_the_readme_applies(installed: Installed, tmp_pa
         assert f"certs/{name}" in readme, name  # the install steps use it
         assert (made / name).stat().st_size > 0, name
     docs = list(yaml.safe_load_all((made / "webhook-configurations.yaml").read_text()))
-    assert [d["kind"] for d in docs] == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
-                                         "ValidatingWebhookConfiguration"]
+    # webhooks.yaml, workload-webhook.yaml and the rollout-mode copies of webhooks-warn.yaml (SPEC 4.10)
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("MutatingWebhookConfiguration", "hami-mt-webhook"), ("ValidatingWebhookConfiguration", "hami-mt-webhook"),
+        ("ValidatingWebhookConfiguration", "hami-mt-webhook-workloads"),
+        ("MutatingWebhookConfiguration", "hami-mt-webhook-warn"),
+        ("ValidatingWebhookConfiguration", "hami-mt-webhook-warn")]
     bundle = (made / "ca-bundle.crt").read_bytes()
     import base64
     for doc in docs:

@@ -25,7 +25,7 @@ from devtools.controlplane import ControlPlane
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
 from tests.builders import make_pod, review_body
 
-from .support import MEMORY, VGPU, apply, metric, pod
+from .support import MEMORY, VGPU, apply, metric, pod, wait_for
 from .traffic import Balancer, LoopThread
 
 #: Enough real-sized nodes that parsing them in one go would hold the event loop for a noticeable time.
@@ -76,14 +76,6 @@ async def _create_fleet(cp: ControlPlane) -> None:
 def sliced_in_api(cp: ControlPlane) -> int:
     nodes = json.loads(cp.kubectl("get", "nodes", "-o", "json", timeout=120).stdout)["items"]
     return sum(1 for n in nodes if int(n["status"].get("capacity", {}).get("mthreads.com/sgpu-core", "0")) > 0)
-
-
-def wait_for(what: str, check, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.1)
 
 
 def exclusive_fill(cp: ControlPlane, node: str) -> str:

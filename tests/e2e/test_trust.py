@@ -48,7 +48,9 @@ def _until(check, what: str, seconds: float = 20.0) -> None:
 @pytest.fixture
 def backstop_off(controlplane, ns):
     """Without the backstop binding, so what the validating webhook denies is seen from the webhook itself."""
-    (binding,) = [d for d in manifests.load() if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    # the binding that denies (the other binds namespaces in rollout mode, SPEC 4.10)
+    (binding,) = [d for d in manifests.load() if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                  and d["spec"]["validationActions"] == ["Deny"]]
     probe = pod("probe", {VGPU: 1}, labels=IGNORE)
 
     def backstop_answers() -> bool:

@@ -20,7 +20,7 @@ from hami_mt_webhook.rules.config import Config
 from tests.builders import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, container, nodes_view
 
 CONFIG = Config()
-KINDS = sorted(workloads.TEMPLATES)
+KINDS = sorted(k.kind for k in workloads.KINDS if k.builtin)
 
 
 def template_spec(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
@@ -30,7 +30,8 @@ def template_spec(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
 def workload(kind: str, spec: dict[str, Any], name: str = "train", namespace: str | None = "ml",
              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A workload of `kind` as a user writes it: the pod template where that kind keeps it, nothing defaulted."""
-    group, path = workloads.TEMPLATES[kind]
+    entry = workloads.find(kind)
+    group, path = entry.group, entry.paths[0].split(".")
     meta: dict[str, Any] = {"labels": {"app": name, **(labels or {})}}
     if annotations:
         meta["annotations"] = annotations
@@ -47,7 +48,8 @@ def request(obj: Any, operation: str = "CREATE", old: Any = None, kind: str | No
             sub_resource: str | None = None) -> dict[str, Any]:
     """An AdmissionReview for validate-workloads, shaped like kube-apiserver's."""
     kind = kind or obj["kind"]
-    group = workloads.TEMPLATES[kind][0] if kind in workloads.TEMPLATES else ""
+    entry = workloads.find(kind)
+    group = entry.group if entry else ""
     req: dict[str, Any] = {
         "uid": "4f1c7a2e-0000-4000-8000-000000000001",
         "kind": {"group": group, "version": "v1", "kind": kind},
@@ -397,3 +399,148 @@ def test_admit_review_without_request_kind_uses_the_objects_kind():
     out, decision = review.admit_review(body, nodes_view(), CONFIG)
     assert decision.allowed is False and decision.message.startswith('Deployment "train": ')
     assert "patch" not in out["response"]
+
+
+# --- training jobs (SPEC §7) ---------------------------------------------------------------------------------------
+
+def pod_template(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {"metadata": {"labels": {"app": "train"}}, "spec": template_spec(*containers, **spec)}
+
+
+GOOD = pod_template(container(limits={VGPU: 1, MEMORY: 32, CORE: 8}))
+BAD = pod_template(container(limits={VGPU: 1, CORE: 4}))  # sgpu-core without sgpu-memory
+
+
+def training(kind: str, group: str, spec: dict[str, Any], version: str = "v1") -> dict[str, Any]:
+    return {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": {"name": "train", "namespace": "ml"},
+            "spec": spec}
+
+
+#: One object per training kind, with a good template first and a bad one where the kind keeps several:
+#: (object, the path of the bad template as messages name it).
+JOBS: dict[str, tuple[dict[str, Any], str]] = {
+    "PyTorchJob": (training("PyTorchJob", "kubeflow.org", {"pytorchReplicaSpecs": {
+        "Master": {"replicas": 1, "template": GOOD}, "Worker": {"replicas": 3, "template": BAD}}}),
+        "spec.pytorchReplicaSpecs.Worker.template"),
+    "MPIJob-v1": (training("MPIJob", "kubeflow.org", {"mpiReplicaSpecs": {
+        "Launcher": {"template": GOOD}, "Worker": {"template": BAD}}}), "spec.mpiReplicaSpecs.Worker.template"),
+    "MPIJob-v2beta1": (training("MPIJob", "kubeflow.org", {"slotsPerWorker": 1, "mpiReplicaSpecs": {
+        "Launcher": {"template": BAD}}}, "v2beta1"), "spec.mpiReplicaSpecs.Launcher.template"),
+    "RayCluster": (training("RayCluster", "ray.io", {"headGroupSpec": {"template": GOOD}, "workerGroupSpecs": [
+        {"groupName": "a", "template": GOOD}, {"groupName": "b", "template": BAD}]}),
+        "spec.workerGroupSpecs[1].template"),
+    "RayJob": (training("RayJob", "ray.io", {"entrypoint": "python train.py", "rayClusterSpec": {
+        "headGroupSpec": {"template": BAD}}}), "spec.rayClusterSpec.headGroupSpec.template"),
+    "LeaderWorkerSet": (training("LeaderWorkerSet", "leaderworkerset.x-k8s.io", {"leaderWorkerTemplate": {
+        "leaderTemplate": GOOD, "workerTemplate": BAD, "size": 4}}), "spec.leaderWorkerTemplate.workerTemplate"),
+    "JobSet": (training("JobSet", "jobset.x-k8s.io", {"replicatedJobs": [
+        {"name": "workers", "template": {"spec": {"template": BAD}}}]}, "v1alpha2"),
+        "spec.replicatedJobs[0].template.spec.template"),
+    "VolcanoJob": (training("Job", "batch.volcano.sh", {"tasks": [{"name": "w", "template": BAD}]}, "v1alpha1"),
+                   "spec.tasks[0].template"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(JOBS))
+def test_training_job_is_denied_naming_the_template_whose_pods_would_be(case):
+    obj, where = JOBS[case]
+    kind = workloads.of(obj)
+    assert kind is not None and not kind.builtin
+    decision = check(obj, kind, nodes_view(), CONFIG)
+    assert not decision.allowed and decision.code == 403 and decision.reason == "core-without-memory"
+    assert decision.message.startswith(f'{obj["kind"]} "train": {where}: container "main": mthreads.com/sgpu-core 4 '
+                                       "without mthreads.com/sgpu-memory")
+    assert decision.object is obj
+    # the same answer through validate-workloads, with the request's group deciding the kind
+    body = request(obj)
+    body["request"]["kind"] = {"group": kind.group, "version": obj["apiVersion"].rpartition("/")[2],
+                               "kind": obj["kind"]}
+    response = handle(body)
+    assert response["allowed"] is False and response["status"]["message"] == decision.message
+    assert "patch" not in response
+
+
+@pytest.mark.parametrize("case", sorted(JOBS))
+def test_training_job_with_good_templates_is_allowed_with_the_pods_warnings(case):
+    obj = copy.deepcopy(JOBS[case][0])
+    for _, tpl in workloads.templates(obj, workloads.of(obj)):
+        tpl.clear()
+        tpl.update(copy.deepcopy(GOOD))
+    decision = check(obj, workloads.of(obj), nodes_view(), CONFIG)
+    assert decision.allowed and decision.patch == []
+    found = list(workloads.templates(obj, workloads.of(obj)))
+    assert found and len(decision.warnings) == 0  # a valid slice needs no change
+
+
+def test_every_template_of_a_job_is_judged_and_warned_about():
+    obj = training("PyTorchJob", "kubeflow.org", {"pytorchReplicaSpecs": {
+        "Master": {"template": pod_template(container(limits={VGPU: 1}), nodeSelector=ON_S5000)},
+        "Worker": {"template": pod_template(container(limits={VGPU: 1, MEMORY: 20}))}}})
+    decision = check(obj, "PyTorchJob", nodes_view(), CONFIG)
+    assert decision.allowed
+    assert decision.warnings[0].startswith('PyTorchJob "train": spec.pytorchReplicaSpecs.Master.template: '
+                                           'container "main": mthreads.com/vgpu 1 alone takes a whole card')
+    assert decision.warnings[1].startswith('PyTorchJob "train": spec.pytorchReplicaSpecs.Worker.template: '
+                                           'container "main": mthreads.com/sgpu-memory 20 (10 GiB) snapped up to 32')
+
+
+def test_volcano_job_level_scheduler_is_applied_to_its_templates():
+    """Volcano's controller gives each pod the job's spec.schedulerName when the template names none."""
+    whole = pod_template(container(limits={VGPU: 1}))
+    job = training("Job", "batch.volcano.sh", {"schedulerName": "volcano", "tasks": [{"name": "w", "template": whole}]},
+                   "v1alpha1")
+    kind = workloads.of(job)
+    assert kind is not None and kind.scheduler == "spec.schedulerName"
+    pod = workloads.pod_of(job, kind)
+    assert pod is not None and pod["spec"]["schedulerName"] == "volcano"
+    decision = check(job, kind, nodes_view(), CONFIG)
+    assert decision.allowed and decision.warnings == [
+        'Job "train": spec.tasks[0].template: pod names scheduler \'volcano\': hami-mt-webhook leaves it unchanged, '
+        "and HAMi accounts for sGPU slices only on hami-scheduler"]
+    own = pod_template(container(limits={VGPU: 1}), schedulerName="default-scheduler")
+    job["spec"]["tasks"][0]["template"] = own  # the template's own scheduler wins, as in Volcano's controller
+    assert workloads.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
+    del job["spec"]["schedulerName"]
+    job["spec"]["tasks"][0]["template"] = whole
+    assert workloads.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
+    # the built-in Job of the same name has no job-level scheduler
+    assert workloads.find("Job").group == "batch" and workloads.find("Job").scheduler is None
+
+
+def test_volcano_job_with_a_mixed_container_is_denied_whatever_its_scheduler():
+    mixed = pod_template(container(limits={VGPU: 1, WHOLE: 1}))
+    job = training("Job", "batch.volcano.sh", {"schedulerName": "volcano", "tasks": [{"name": "w", "template": mixed}]},
+                   "v1alpha1")
+    decision = check(job, workloads.of(job), nodes_view(), CONFIG)
+    assert not decision.allowed and decision.reason == "mixing"
+
+
+def test_training_job_update_with_unchanged_templates_is_allowed_with_a_warning():
+    obj, where = JOBS["PyTorchJob"]
+    scaled = copy.deepcopy(obj)
+    scaled["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 5
+    decision = check(scaled, "PyTorchJob", nodes_view(), CONFIG, old=obj)
+    assert decision.allowed and len(decision.warnings) == 1
+    assert f"unchanged, so this update is allowed, but its pods will be denied: {where}: container" in \
+        decision.warnings[0]
+
+
+@pytest.mark.parametrize("spec", [{}, {"pytorchReplicaSpecs": {}}, {"pytorchReplicaSpecs": {"Worker": {}}},
+                                  {"pytorchReplicaSpecs": []}, {"pytorchReplicaSpecs": {"Worker": {"template": 3}}}])
+def test_training_job_without_templates_is_a_400(spec):
+    decision = check(training("PyTorchJob", "kubeflow.org", spec), "PyTorchJob", nodes_view(), CONFIG)
+    assert not decision.allowed and decision.code == 400
+    assert "has no pod template at spec.pytorchReplicaSpecs.*.template" in decision.message
+
+
+def test_kind_table_lookups():
+    assert workloads.find("Job", "batch.volcano.sh").paths == ("spec.tasks[*].template",)
+    assert workloads.find("Job", "batch").paths == ("spec.template",)
+    assert workloads.find("MPIJob", "kubeflow.org").versions == ("v1", "v2beta1")
+    assert workloads.find("Job", "example.com") is None
+    assert workloads.of({"apiVersion": "ray.io/v1", "kind": "RayJob"}).resource == "rayjobs"
+    assert workloads.of({"apiVersion": "v1", "kind": "ReplicationController"}).builtin
+    assert workloads.of({"kind": 3}) is None and workloads.of(None) is None
+    assert workloads.steps("spec.workerGroupSpecs[*].template") == ["spec", "workerGroupSpecs", "[*]", "template"]
+    assert workloads.steps("spec.pytorchReplicaSpecs.*.template") == ["spec", "pytorchReplicaSpecs", ".*", "template"]
+    assert workloads.template_path("RayCluster") == "spec.headGroupSpec.template and spec.workerGroupSpecs[*].template"

@@ -570,3 +570,20 @@ async def test_metrics_count_reviews_denials_and_certificate_expiry(webhook_serv
     text = state.metrics.render().decode()
     assert "random-" not in text
     assert _sample(state, "hami_mt_webhook_bad_requests_total", webhook="unknown") == 3
+
+
+async def test_warn_paths_answer_a_denial_as_a_warning(webhook_server, session):
+    """SPEC 4.10: /warn/<webhook> is where namespaces labelled hami.io/enforcement: warn are sent."""
+    url, ca, _ = webhook_server
+    review = review_body(make_pod(container("task", limits={VGPU: 1, CORE: 4})), uid="warn-uid")
+    _, denied = await post(session, url, review, client_context(ca))
+    assert denied["response"]["allowed"] is False
+    status, warned = await post(session, url, review, client_context(ca), "/warn" + MUTATE)
+    assert status == 200
+    response = warned["response"]
+    assert response["allowed"] is True and "would deny: " + denied["response"]["status"]["message"] in \
+        response["warnings"]
+    assert decode_patch(response) == [{"op": "replace", "path": "/spec/schedulerName", "value": SCHEDULER}]
+    for path in ("/warn/nope", "/warn/warn" + MUTATE, "/warn"):
+        status, _ = await post(session, url, review, client_context(ca), path)
+        assert status in (404, 405), path

@@ -71,6 +71,78 @@ has(c.resources) &&
 {{ $slices }}))))
 {{- end -}}
 
+{{/* The webhooks' namespace selector: the scope above, and the rollout-mode label (SPEC 4.10): the base
+registrations take namespaces not labelled hami.io/enforcement: warn (operator NotIn), their /warn/ copies
+those labelled so (In). Call with (dict "root" $ "operator" "NotIn"). */}}
+{{- define "hmw.webhookSelector" -}}
+{{ include "hmw.namespaceSelector" .root }}
+  - key: hami.io/enforcement
+    operator: {{ .operator }}
+    values: [warn]
+{{- end -}}
+
+{{/* The workload check's matchCondition for the built-in kinds: the pod template at spec.template or
+spec.jobTemplate.spec.template names a slice resource. */}}
+{{- define "hmw.workloadNamesSlice" -}}
+((has(object.spec) && has(object.spec.template) ? [object.spec.template] : []) +
+(has(object.spec) && has(object.spec.jobTemplate) && has(object.spec.jobTemplate.spec) &&
+has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.template] : [])).exists(t,
+{{ include "hmw.podNamesSlice" . | replace "object.spec" "t.spec" | printf "has(t.spec) &&\n%s" }})
+{{- end -}}
+
+{{/* The training jobs' webhook: rules and matchCondition, generated from hami_mt_webhook.rules.workloads.KINDS
+(devtools.manifests.template_condition; the chart test compares them with the kustomize base). */}}
+{{- define "hmw.trainingRules" -}}
+- operations: [CREATE, UPDATE]
+  apiGroups: [kubeflow.org]
+  apiVersions: [v1, v2beta1]
+  resources: [pytorchjobs, mpijobs]
+  scope: Namespaced
+- operations: [CREATE, UPDATE]
+  apiGroups: [ray.io]
+  apiVersions: [v1]
+  resources: [rayclusters, rayjobs]
+  scope: Namespaced
+- operations: [CREATE, UPDATE]
+  apiGroups: [leaderworkerset.x-k8s.io]
+  apiVersions: [v1]
+  resources: [leaderworkersets]
+  scope: Namespaced
+- operations: [CREATE, UPDATE]
+  apiGroups: [jobset.x-k8s.io]
+  apiVersions: [v1alpha2]
+  resources: [jobsets]
+  scope: Namespaced
+- operations: [CREATE, UPDATE]
+  apiGroups: [batch.volcano.sh]
+  apiVersions: [v1alpha1]
+  resources: [jobs]
+  scope: Namespaced
+{{- end -}}
+
+{{- define "hmw.trainingNamesSlice" -}}
+((has(object.spec) && has(object.spec.pytorchReplicaSpecs) ? object.spec.pytorchReplicaSpecs.filter(k,
+has(object.spec.pytorchReplicaSpecs[k].template)).map(k, object.spec.pytorchReplicaSpecs[k].template) : []) +
+(has(object.spec) && has(object.spec.mpiReplicaSpecs) ? object.spec.mpiReplicaSpecs.filter(k,
+has(object.spec.mpiReplicaSpecs[k].template)).map(k, object.spec.mpiReplicaSpecs[k].template) : []) +
+(has(object.spec) && has(object.spec.headGroupSpec) && has(object.spec.headGroupSpec.template) ?
+[object.spec.headGroupSpec.template] : []) + (has(object.spec) && has(object.spec.workerGroupSpecs) ?
+object.spec.workerGroupSpecs.filter(g, has(g.template)).map(g, g.template) : []) + (has(object.spec) &&
+has(object.spec.rayClusterSpec) && has(object.spec.rayClusterSpec.headGroupSpec) &&
+has(object.spec.rayClusterSpec.headGroupSpec.template) ? [object.spec.rayClusterSpec.headGroupSpec.template] :
+[]) + (has(object.spec) && has(object.spec.rayClusterSpec) && has(object.spec.rayClusterSpec.workerGroupSpecs)
+? object.spec.rayClusterSpec.workerGroupSpecs.filter(g, has(g.template)).map(g, g.template) : []) +
+(has(object.spec) && has(object.spec.leaderWorkerTemplate) &&
+has(object.spec.leaderWorkerTemplate.leaderTemplate) ? [object.spec.leaderWorkerTemplate.leaderTemplate] : [])
++ (has(object.spec) && has(object.spec.leaderWorkerTemplate) &&
+has(object.spec.leaderWorkerTemplate.workerTemplate) ? [object.spec.leaderWorkerTemplate.workerTemplate] : [])
++ (has(object.spec) && has(object.spec.replicatedJobs) ? object.spec.replicatedJobs.filter(g, has(g.template)
+&& has(g.template.spec) && has(g.template.spec.template)).map(g, g.template.spec.template) : []) +
+(has(object.spec) && has(object.spec.tasks) ? object.spec.tasks.filter(g, has(g.template)).map(g, g.template)
+: [])).exists(t,
+{{ include "hmw.podNamesSlice" . | replace "object.spec" "t.spec" | printf "has(t.spec) &&\n%s" }})
+{{- end -}}
+
 {{/*
 The CA and serving certificate, made once per render and memoized in .Values so that the Secret and every
 webhook configuration carry the same pair. On upgrade the existing Secret is read back (`lookup`) and reused.
@@ -125,6 +197,7 @@ annotations:
 {{/* Checks of values the API server would otherwise refuse only at install time. */}}
 {{- define "hmw.validate" -}}
 {{- if not (has .Values.failurePolicy (list "Fail" "Ignore")) }}{{ fail "failurePolicy must be Fail or Ignore" }}{{ end -}}
+{{- if not (has .Values.enforcement (list "deny" "warn")) }}{{ fail "enforcement must be deny or warn" }}{{ end -}}
 {{- if not (has .Values.workloadCheck.failurePolicy (list "Fail" "Ignore")) }}{{ fail "workloadCheck.failurePolicy must be Fail or Ignore" }}{{ end -}}
 {{- $t := int .Values.timeoutSeconds -}}
 {{- if or (lt $t 1) (gt $t 30) }}{{ fail "timeoutSeconds must be between 1 and 30" }}{{ end -}}
