@@ -18,6 +18,7 @@ Parts (`--parts`):
   hostile    hostile clients against the listener (idle and slow-read floods, unfinished handshakes,
              large reviews, odd bodies): what a fresh caller and the probes see while each is held
   scale      the whole process on 1,000 / 5,000 / 10,000 real-sized nodes: start-up, memory, churn, restarts
+  hops       floor, shipped and forced-validating configurations interleaved through kube-apiserver
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ PARTS = {
     "apiserver": "devtools.bench.apiserver",
     "hostile": "devtools.bench.hostile",
     "scale": "devtools.bench.scale",
+    "hops": "devtools.bench.hops",
 }
 
 
@@ -71,6 +73,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--churn-seconds", type=float, default=60.0,
                    help="part scale: seconds of churn (600 for the 10-minute memory figure) [60]")
     p.add_argument("--hostile-reviews", type=int, default=20, help="fresh reviews per attack in part 5 [20]")
+    p.add_argument("--hops-rounds", type=int, default=4, help="part hops: rounds, --pods split over them [4]")
     p.add_argument("--profile", action="store_true",
                    help="add cProfiles: of review.handle over the mix (part 2) and of the server under load (part 1)")
     p.add_argument("--write", type=Path, metavar="FILE", help="also write the report as Markdown (docs/PERFORMANCE.md)")

@@ -18,6 +18,7 @@ from .config import Config
 from .decision import Decision, Denied, Patch
 from .fill import Fill, fill, same
 from .onecard import one_card
+from .record import RECORD, record
 from .slots import DEFAULT_SCHEDULER, IGNORE_LABEL, Slot, ignores_mutation, label, mixing, pod_checks, slots, unmutated
 from .text import quote
 
@@ -61,8 +62,14 @@ def mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
         _write(patch, slot, chosen)
     if plan.cards > 1:
         patch.set(("metadata", "annotations", config.gpu_num_annotation), str(plan.cards))
-    return Decision(warnings=list(plan.warnings), changes=patch.changes, object=patch.result,
-                    mutations=list(plan.mutations))
+    mutations = list(plan.mutations)
+    # Last, over the finished pod: the validating webhook is sent the pod only when its final object no longer
+    # matches this record (a later mutator changed it), and a record the pod came with is overwritten.
+    written = len(patch.changes)
+    patch.set(("metadata", "annotations", RECORD), record(patch.result, config))
+    if len(patch.changes) > written and not mutations:  # in admitted form already, but without its record
+        mutations.append("record")
+    return Decision(warnings=list(plan.warnings), changes=patch.changes, object=patch.result, mutations=mutations)
 
 
 def validate(pod: Any, view: ClusterView, config: Config) -> Decision:

@@ -13,6 +13,7 @@ from hami_mt_webhook.admission.pods import admit
 from hami_mt_webhook.rules.capacity import ClusterView, NodeReport
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.pods import ephemeral, mutate, validate
+from hami_mt_webhook.rules.record import RECORD, record
 from tests.builders import container as ctr
 from tests.builders import make_pod, review_body
 
@@ -261,8 +262,24 @@ def test_without_node_reports_the_card_count_is_not_limited():
 
 def test_a_valid_tier_is_kept_untouched():
     d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})))
-    assert [op["path"] for op in d.patch] == ["/spec/schedulerName"]
-    assert d.warnings == []
+    assert [op["path"] for op in d.patch] == ["/spec/schedulerName", "/metadata/annotations"]  # and the record
+    assert set(d.object["metadata"]["annotations"]) == {RECORD}
+    assert d.warnings == [] and d.mutations == ["scheduler"]
+
+
+def test_a_pod_in_admitted_form_gets_its_record_and_nothing_else():
+    """A pod written exactly as the webhook leaves it, but without the record (or with a hand-written one)."""
+    done = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}))).object
+    assert admitted(done).patch == []  # SPEC 4.7
+    for value in (None, "v1||00000||:1/1,20/20,-/-"):
+        again = copy.deepcopy(done)
+        if value is None:
+            del again["metadata"]["annotations"][RECORD]
+        else:
+            again["metadata"]["annotations"][RECORD] = value
+        d = admitted(again)
+        assert [op["path"] for op in d.patch] == ["/metadata/annotations/hami-mt.mthreads.com~1admitted"]
+        assert d.object == done and d.mutations == ["record"] and d.warnings == []
 
 
 @pytest.mark.parametrize(("memory", "tier", "text"), [
@@ -464,7 +481,8 @@ def test_sidecars_run_beside_the_app_and_add_up():
 
 def test_largest_vgpu_goes_into_the_annotation_and_replaces_a_stale_one():
     d = admitted(pod(ctr("c", {V: "3"}), annotations={"mthreads.com/request-gpu-num": "1", "keep": "me"}))
-    assert d.object["metadata"]["annotations"] == {"mthreads.com/request-gpu-num": "3", "keep": "me"}
+    assert d.object["metadata"]["annotations"] == {"mthreads.com/request-gpu-num": "3", "keep": "me",
+                                                   RECORD: record(d.object, Config())}
     assert {"op": "replace", "path": "/metadata/annotations/mthreads.com~1request-gpu-num", "value": "3"} in d.patch
 
 

@@ -17,6 +17,8 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from hami_mt_webhook.rules.config import Config
+from hami_mt_webhook.rules.record import RECORD, record
 from hami_mt_webhook.service import certs
 from tests.builders import (
     CORE,
@@ -147,6 +149,7 @@ async def test_exclusive_pod_is_filled_with_the_pinned_card(webhook_server, sess
     expected["spec"]["schedulerName"] = SCHEDULER
     for part in ("limits", "requests"):
         expected["spec"]["containers"][0]["resources"][part] = {VGPU: "1", MEMORY: "160", CORE: "16"}
+    expected["metadata"].setdefault("annotations", {})[RECORD] = record(expected, Config())
     assert jsonpatch.apply_patch(pod, ops) == expected
     assert any("160" in w and "train" in w for w in response["warnings"])
 
@@ -157,7 +160,9 @@ async def test_scheduler_rewrite_alone_has_no_warning(webhook_server, session):
     _, body = await post(session, url, review_body(pod), client_context(ca))
     response = body["response"]
     assert response["allowed"] is True
-    assert decode_patch(response) == [{"op": "replace", "path": "/spec/schedulerName", "value": SCHEDULER}]
+    ops = decode_patch(response)
+    assert ops[0] == {"op": "replace", "path": "/spec/schedulerName", "value": SCHEDULER}
+    assert [op["path"] for op in ops[1:]] == ["/metadata/annotations"]  # the record (SPEC 5), no resources
     assert "warnings" not in response
 
 

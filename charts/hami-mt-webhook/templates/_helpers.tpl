@@ -203,3 +203,35 @@ annotations:
 {{- if or (lt $t 1) (gt $t 30) }}{{ fail "timeoutSeconds must be between 1 and 30" }}{{ end -}}
 {{- if not (has .Values.antiAffinity (list "soft" "hard" "none")) }}{{ fail "antiAffinity must be soft, hard or none" }}{{ end -}}
 {{- end -}}
+
+{{/*
+The validating webhook's second matchCondition: send the pod only when it changed after the mutating webhook,
+by rebuilding the record that webhook wrote (hami_mt_webhook/rules/record.py; manifests/webhooks.yaml says why).
+*/}}
+{{- define "hmw.podChangedAfterMutation" -}}
+{{- $whole := list -}}
+{{- range (include "hmw.wholeCardNames" . | fromJsonArray) }}{{ $whole = append $whole (include "hmw.celString" .) }}{{ end -}}
+request.operation != 'CREATE' ||
+!has(object.metadata.annotations) ||
+!('hami-mt.mthreads.com/admitted' in object.metadata.annotations) ||
+!has(object.spec.schedulerName) || object.spec.schedulerName != {{ include "hmw.celString" .Values.schedulerName }} ||
+(has(object.metadata.labels) && 'hami.io/webhook' in object.metadata.labels &&
+object.metadata.labels['hami.io/webhook'] == 'ignore') ||
+object.metadata.annotations['hami-mt.mthreads.com/admitted'] != 'v1|' +
+(has(object.spec.nodeName) && object.spec.nodeName != '' ? 'N' : '') + '|' +
+['hami.io/mthreads-vgpu-devices-to-allocate', 'hami.io/mthreads-vgpu-devices-allocated',
+'mthreads.com/gpu-index', 'mthreads.com/predicate-node', 'mthreads.com/predicate-time'].map(a,
+a in object.metadata.annotations ? '1' : '0').join('') + '|' +
+[has(object.spec.initContainers) ? object.spec.initContainers : [], object.spec.containers].map(g,
+g.map(c,
+(has(c.restartPolicy) && c.restartPolicy == 'Always' ? 'S' : '') +
+(has(c.securityContext) && has(c.securityContext.privileged) && c.securityContext.privileged ? 'P' : '') +
+(has(c.resources) && [{{ join ", " $whole }}].exists(r,
+(has(c.resources.limits) && r in c.resources.limits) ||
+(has(c.resources.requests) && r in c.resources.requests)) ? 'W' : '') + ':' +
+{{ include "hmw.sliceList" . }}.map(r,
+(has(c.resources) && has(c.resources.limits) && r in c.resources.limits ? c.resources.limits[r] : '-') +
+'/' +
+(has(c.resources) && has(c.resources.requests) && r in c.resources.requests ?
+c.resources.requests[r] : '-')).join(',')).join('+')).join('|')
+{{- end -}}

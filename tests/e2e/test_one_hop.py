@@ -1,0 +1,399 @@
+"""One call for a slice pod: kube-apiserver sends the validating webhook only pods changed after ours (SPEC 5).
+
+The mutating webhook records what it decided (hami_mt_webhook/rules/record.py); the validating configuration's
+matchCondition compares that record with the final object. These tests count the validating webhook's reviews
+(its own metric) while other mutators change each field the validating rules read after ours.
+
+"After ours" is arranged as kube-apiserver does it: a webhook sorted after ours changes the pod only on its
+reinvocation, which a second webhook after it (adding a label) triggers; our webhook's own reinvocation has
+run by then, so only the validating webhook can see the change.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+import yaml
+
+from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
+from hami_mt_webhook.rules.record import RECORD
+from hami_mt_webhook.service import certs
+
+from .support import (
+    CORE,
+    MEMORY,
+    ON_S4000,
+    ON_S5000,
+    RETIRED,
+    VGPU,
+    WHOLE,
+    apply,
+    exists,
+    metric,
+    pod,
+    resources,
+    stored,
+)
+
+NS = "e2e-one-hop"
+#: The label the second webhook adds; the first one changes a pod only once it sees it (its reinvocation).
+LABEL = "e2e.hami-mt/relabelled"
+#: The JSON Patch the meddling webhook applies, carried by the pod itself so one server serves every test.
+PATCH = "e2e.hami-mt/meddle"
+SELECT = {"e2e-one-hop": "yes"}
+MEM, CPU_, GPU = MEMORY.replace("/", "~1"), CORE.replace("/", "~1"), WHOLE.replace("/", "~1")
+
+
+class Mutators(BaseHTTPRequestHandler):
+    """/label adds LABEL; /meddle applies the pod's PATCH annotation once the pod carries LABEL."""
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["request"]
+        meta = request["object"]["metadata"]
+        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
+        patch: list[dict[str, Any]] = []
+        path = self.path.partition("?")[0]  # kube-apiserver appends ?timeout=
+        if path == "/label" and LABEL not in labels:
+            patch = [{"op": "add", "path": f"/metadata/labels/{LABEL.replace('/', '~1')}", "value": "yes"}]
+        elif path == "/meddle" and LABEL in labels and PATCH in annotations:
+            patch = json.loads(annotations[PATCH])
+        response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
+        if patch:
+            response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "response": response}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _mutating(name: str, url: str, bundle: bytes) -> dict[str, Any]:
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": f"{name}.e2e.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
+            "clientConfig": {"url": url, "caBundle": base64.b64encode(bundle).decode()},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+            "objectSelector": {"matchLabels": SELECT}, "namespaceSelector": {},
+            "failurePolicy": "Fail", "timeoutSeconds": 3, "reinvocationPolicy": "IfNeeded"}],
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def ns(controlplane, webhook) -> str:
+    controlplane.kubectl("create", "namespace", NS)
+    return NS
+
+
+def until_applied(controlplane, labels: dict[str, str], check: Callable[[Any], bool]) -> None:
+    """Admission configurations reach the chain a moment after they are stored: dry-run a probe until it shows."""
+    for _ in range(100):
+        probe = pod("probe", {VGPU: 1, MEMORY: 32, CORE: 8}, labels=labels, nodeSelector=ON_S4000)
+        if check(apply(controlplane, NS, probe, "--dry-run=server", "-o", "json")):
+            return
+        threading.Event().wait(0.2)
+    raise AssertionError(f"no admission configuration acted on a pod labelled {labels}")
+
+
+@pytest.fixture(scope="module")
+def later(controlplane, webhook, ns, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Two webhooks sorted after ours ("zy-", "zz-"), for pods labelled SELECT only."""
+    layout = certs.ensure(tmp_path_factory.mktemp("mutators"), ips=("127.0.0.1",))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Mutators)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(layout.tls_cert, layout.tls_key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"https://127.0.0.1:{server.server_address[1]}"
+    bundle = layout.bundle.read_bytes()
+    configs = [_mutating("zy-meddler", base + "/meddle", bundle), _mutating("zz-labeller", base + "/label", bundle)]
+    controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(configs))
+    until_applied(controlplane, SELECT,
+                  lambda r: r.returncode == 0 and LABEL in json.loads(r.stdout)["metadata"]["labels"])
+    try:
+        yield
+    finally:
+        for config in configs:
+            controlplane.kubectl("delete", "mutatingwebhookconfiguration", config["metadata"]["name"], check=False)
+        server.shutdown()
+
+
+def validations(webhook) -> float:
+    return metric(webhook, "hami_mt_webhook_reviews_total", webhook="validate-pods")
+
+
+def meddled(name: str, *limits: dict[str, Any], patch: list[dict[str, Any]], **spec: Any) -> dict[str, Any]:
+    """A slice pod that the webhook after ours changes by `patch` once ours has had its last word."""
+    manifest = pod(name, *limits, labels=dict(SELECT), **spec)
+    manifest["metadata"]["annotations"] = {PATCH: json.dumps(patch)}
+    return manifest
+
+
+def both(index: int, resource: str, value: str, group: str = "containers") -> list[dict[str, Any]]:
+    """Set `resource` in a container's limits and requests alike (the API server requires them equal)."""
+    escaped = resource.replace("/", "~1")
+    return [{"op": "add", "path": f"/spec/{group}/{index}/resources/{part}/{escaped}", "value": value}
+            for part in ("limits", "requests")]
+
+
+def test_the_validating_webhook_receives_none_of_the_slice_pods_nothing_changed(controlplane, webhook, ns):
+    shapes = [({VGPU: 1},), ({VGPU: 1, MEMORY: 32, CORE: 8},), ({VGPU: 1, MEMORY: 20},), ({MEMORY: 8, CORE: 4},),
+              ({VGPU: 2},), ({VGPU: 1, MEMORY: 16}, {"cpu": "10m"}), ({WHOLE: 1}, {VGPU: 1, MEMORY: 8, CORE: 2})]
+    before, mutated = validations(webhook), metric(webhook, "hami_mt_webhook_reviews_total", webhook="mutate-pods")
+    for i, limits in enumerate(shapes * 2):
+        r = apply(controlplane, ns, pod(f"quiet-{i}", *limits, nodeSelector=ON_S5000))
+        assert r.returncode == 0, r.stderr
+        obj = stored(controlplane, ns, f"quiet-{i}")
+        assert obj["spec"]["schedulerName"] == "hami-scheduler" and RECORD in obj["metadata"]["annotations"]
+    assert metric(webhook, "hami_mt_webhook_reviews_total", webhook="mutate-pods") == mutated + 2 * len(shapes)
+    assert validations(webhook) == before  # 0 of 14
+
+
+def test_webhooks_after_ours_that_change_nothing_checked_cost_no_validating_call(controlplane, webhook, ns, later):
+    """The arrangement itself: without a change, the two webhooks after ours cost no validating call."""
+    before = validations(webhook)
+    r = apply(controlplane, ns, meddled("unchanged", {VGPU: 1, MEMORY: 32, CORE: 8}, patch=[]))
+    assert r.returncode == 0, r.stderr
+    assert stored(controlplane, ns, "unchanged")["metadata"]["labels"][LABEL] == "yes"
+    assert validations(webhook) == before
+
+
+#: One case per field the validating rules read: (pod's limits, extra spec, patch after ours, denial text).
+FIELDS = {
+    "scheduler-name-retired": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
+                               [{"op": "replace", "path": "/spec/schedulerName", "value": RETIRED}], None),
+    "scheduler-name-other": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
+                             [{"op": "replace", "path": "/spec/schedulerName", "value": "volcano"}], None),
+    "node-name": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
+                  [{"op": "add", "path": "/spec/nodeName", "value": "mtt-s5000-0"}], "sets spec.nodeName"),
+    "slice-memory": ({VGPU: 1, MEMORY: 32, CORE: 8}, {}, both(0, MEMORY, "20"), "would be set to"),
+    "slice-memory-valid": ({VGPU: 1, MEMORY: 32, CORE: 8}, {}, both(0, MEMORY, "64"), None),
+    "slice-core": ({VGPU: 1, MEMORY: 32, CORE: 8}, {}, both(0, CORE, "24"), "sgpu-core 24 is not valid"),
+    "slice-vgpu": ({VGPU: 1, MEMORY: 32, CORE: 8}, {}, both(0, VGPU, "2"), "mthreads.com/vgpu 2"),
+    # The author named hami-scheduler, so the backstop lets the pod by; ours never saw slices, so no record.
+    "slice-added": ({"cpu": "10m"}, {"schedulerName": "hami-scheduler"}, both(0, MEMORY, "20"), "would be set to"),
+    # A whole card beside slices in one container is the backstop's too, and it runs first: see below.
+    "whole-card-other-container": ({VGPU: 1, MEMORY: 32, CORE: 8}, {"containers": [
+        {"name": "c0", "image": "busybox", "resources": {"limits": {VGPU: "1", MEMORY: "32", CORE: "8"}}},
+        {"name": "c1", "image": "busybox", "resources": {"limits": {"cpu": "10m"}}}]}, both(1, WHOLE, "1"), None),
+    "init-container": ({VGPU: 1, MEMORY: 32, CORE: 8},
+                       {"initContainers": [{"name": "init", "image": "busybox",
+                                            "resources": {"limits": {MEMORY: "8", CORE: "2"}}}]},
+                       both(0, MEMORY, "20", "initContainers"), "would be set to"),
+    "sidecar": ({VGPU: 1, MEMORY: 64, CORE: 8},
+                {"initContainers": [{"name": "init", "image": "busybox",
+                                     "resources": {"limits": {VGPU: "1", MEMORY: "64", CORE: "8"}}}]},
+                [{"op": "add", "path": "/spec/initContainers/0/restartPolicy", "value": "Always"}],
+                "share one card"),
+    "privileged": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
+                   [{"op": "add", "path": "/spec/containers/0/securityContext", "value": {"privileged": True}}],
+                   "is privileged"),
+    **{f"bind-annotation-{i}": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
+                                [{"op": "add", "path": f"/metadata/annotations/{a.replace('/', '~1')}", "value": "x"}],
+                                f"annotation {a} is written by")
+       for i, a in enumerate(BIND_ANNOTATIONS)},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(FIELDS))
+def test_a_change_after_ours_reaches_the_validating_webhook(controlplane, webhook, ns, later, case):
+    """Denied by the validating webhook as SPEC 5 says, or (None) checked there and allowed as changed."""
+    limits, spec, patch, denial = FIELDS[case]
+    name = f"field-{case}"
+    before = validations(webhook)
+    r = apply(controlplane, ns, meddled(name, limits, patch=patch, nodeSelector=ON_S4000, **spec))
+    assert validations(webhook) == before + 1
+    if denial is None:
+        assert r.returncode == 0, r.stderr
+        obj = stored(controlplane, ns, name)
+        for op in patch:  # the change after ours is what was stored: checked, not undone
+            node: Any = obj
+            for key in op["path"].split("/")[1:]:
+                key = key.replace("~1", "/")
+                node = node[int(key)] if isinstance(node, list) else node[key]
+            assert node == op["value"]
+        return
+    assert r.returncode != 0, f"{case}: admitted"
+    assert 'admission webhook "validate.hami-mt.mthreads.com" denied' in r.stderr and denial in r.stderr, r.stderr
+    assert not exists(controlplane, ns, name)
+
+
+#: Changes after ours that the backstop policy denies before the validating webhook would be called.
+BACKSTOPPED = {
+    "scheduler-name": ([{"op": "replace", "path": "/spec/schedulerName", "value": "default-scheduler"}],
+                       "spec.schedulerName is default-scheduler"),
+    "whole-card": (both(0, WHOLE, "1"), "mixes mthreads.com/gpu (whole card) with sGPU slice resources"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BACKSTOPPED))
+def test_a_change_after_ours_that_the_backstop_denies(controlplane, webhook, ns, later, case):
+    patch, denial = BACKSTOPPED[case]
+    r = apply(controlplane, ns, meddled(f"backstopped-{case}", {VGPU: 1, MEMORY: 32, CORE: 8}, patch=patch))
+    assert r.returncode != 0 and "ValidatingAdmissionPolicy 'hami-mt-backstop'" in r.stderr and denial in r.stderr
+
+
+# --- a hand-written record -----------------------------------------------------------------------------------
+
+
+def forged(manifest: dict[str, Any], value: str) -> dict[str, Any]:
+    manifest["metadata"].setdefault("annotations", {})[RECORD] = value
+    return manifest
+
+
+def outcome(controlplane, webhook, manifest: dict[str, Any]) -> tuple[int, Any, float]:
+    """What creating `manifest` gives: exit code, the stored pod's spec (or the denial), validating calls."""
+    before = validations(webhook)
+    r = apply(controlplane, NS, manifest)
+    name = manifest["metadata"]["name"]
+    result = stored(controlplane, NS, name)["spec"] if r.returncode == 0 else r.stderr.replace(name, "NAME")
+    return r.returncode, result, validations(webhook) - before
+
+
+#: Records a pod's author might write: one that matches the pod as written, one for what it would become.
+FORGERIES = ["v1||00000||:1/1,20/20,-/-", "v1||00000||:1/1,32/32,-/-", "v1||00000||:-/-,-/-,-/-", "anything"]
+CASES = {
+    "mutated": lambda name: pod(name, {VGPU: 1, MEMORY: 20}, nodeSelector=ON_S4000),
+    "ignore-label-off-tier": lambda name: pod(name, {VGPU: 1, MEMORY: 20}, labels={"hami.io/webhook": "ignore"},
+                                              schedulerName="hami-scheduler", nodeSelector=ON_S4000),
+    "ignore-label-default-scheduler": lambda name: pod(name, {VGPU: 1, MEMORY: 32},
+                                                       labels={"hami.io/webhook": "ignore"}),
+    "other-scheduler-mixed": lambda name: pod(name, {VGPU: 1, MEMORY: 20, WHOLE: 1}, schedulerName="volcano"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_a_hand_written_record_changes_nothing(controlplane, webhook, ns, case):
+    make = CASES[case]
+    plain = outcome(controlplane, webhook, make(f"plain-{case}"))
+    for i, value in enumerate(FORGERIES):
+        name = f"forged-{case}-{i}"
+        manifest = forged(make(name), value)
+        assert outcome(controlplane, webhook, manifest)[:1] == plain[:1], value
+        code, result, calls = outcome(controlplane, webhook, forged(make(name + "x"), value))
+        assert (code, calls) == (plain[0], plain[2]), value
+        if code == 0:
+            obj = stored(controlplane, ns, name + "x")
+            assert obj["spec"] == plain[1]
+            annotations = obj["metadata"]["annotations"]
+            expected = stored(controlplane, ns, f"plain-{case}")["metadata"].get("annotations", {}).get(RECORD, value)
+            assert annotations[RECORD] == expected  # ours overwrote it, or (not ours to write) it stayed
+        else:
+            assert result == plain[1].replace(f"plain-{case}", "NAME")
+
+
+# --- a MutatingAdmissionPolicy -------------------------------------------------------------------------------
+
+
+def _policy(name: str, mutation: str) -> list[dict[str, Any]]:
+    api = "admissionregistration.k8s.io/v1"
+    return [
+        {"apiVersion": api, "kind": "MutatingAdmissionPolicy", "metadata": {"name": name},
+         "spec": {"matchConstraints": {"resourceRules": [{"operations": ["CREATE"], "apiGroups": [""],
+                                                          "apiVersions": ["v1"], "resources": ["pods"]}]},
+                  "matchConditions": [{"name": "selected", "expression":
+                                       f"has(object.metadata.labels) && '{name}' in object.metadata.labels"}],
+                  "failurePolicy": "Fail", "reinvocationPolicy": "IfNeeded",
+                  "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": mutation}}]}},
+        {"apiVersion": api, "kind": "MutatingAdmissionPolicyBinding", "metadata": {"name": name},
+         "spec": {"policyName": name}},
+    ]
+
+
+@pytest.fixture
+def policy(controlplane, webhook) -> Iterator[Any]:
+    made: list[str] = []
+
+    def register(name: str, mutation: str) -> None:
+        controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_policy(name, mutation)))
+        made.append(name)
+
+    yield register
+    for name in made:
+        controlplane.kubectl("delete", "mutatingadmissionpolicybinding", name, check=False)
+        controlplane.kubectl("delete", "mutatingadmissionpolicy", name, check=False)
+
+
+def test_a_policy_changing_slice_memory_is_checked(controlplane, webhook, ns, policy):
+    """kube-apiserver runs the policies before the webhooks in every pass: when the policy changes the pod again
+    on its reinvocation, ours is reinvoked after it and snaps the value again, so the change never outlives our
+    webhook's last call, and the validating webhook has nothing to add."""
+    name = "e2e-map-memory"
+    policy(name, "[JSONPatch{op: 'replace', path: '/spec/containers/0/resources/limits/" + MEM + "', value: '20'}, "
+                 "JSONPatch{op: 'replace', path: '/spec/containers/0/resources/requests/" + MEM + "', value: '20'}]")
+    until_applied(controlplane, {name: "yes"}, lambda r: "snapped up" in r.stderr)
+    before = validations(webhook)
+    r = apply(controlplane, ns, pod("map-memory", {VGPU: 1, MEMORY: 32, CORE: 8}, labels={name: "yes"},
+                                    nodeSelector=ON_S4000))
+    assert r.returncode == 0, r.stderr
+    assert "mthreads.com/sgpu-memory 20 (10 GiB) snapped up to 32 (16 GiB)" in r.stderr
+    obj = stored(controlplane, ns, "map-memory")
+    limits, requests = resources(obj)
+    assert limits[MEMORY] == requests[MEMORY] == "32"
+    assert obj["metadata"]["annotations"][RECORD] == "v1||00000||:1/1,32/32,8/8"
+    assert validations(webhook) == before
+
+
+def test_a_policy_adding_a_whole_card_is_denied(controlplane, webhook, ns, policy):
+    name = "e2e-map-whole"
+    policy(name, "[JSONPatch{op: 'add', path: '/spec/containers/0/resources/limits/" + GPU + "', value: '1'}, "
+                 "JSONPatch{op: 'add', path: '/spec/containers/0/resources/requests/" + GPU + "', value: '1'}]")
+    until_applied(controlplane, {name: "yes"}, lambda r: "whole cards, outside HAMi" in r.stderr)
+    r = apply(controlplane, ns, pod("map-whole", {VGPU: 1, MEMORY: 32, CORE: 8}, labels={name: "yes"},
+                                    nodeSelector=ON_S4000))
+    assert r.returncode != 0 and "(whole cards, outside HAMi)" in r.stderr, r.stderr
+    assert not exists(controlplane, ns, "map-whole")
+
+
+def test_get_then_apply_and_recreating_from_the_output_keep_the_record(controlplane, webhook, ns):
+    """SPEC 4.7: the webhook's own output admitted again changes nothing, the record included."""
+    r = apply(controlplane, ns, pod("again", {VGPU: 1, MEMORY: 20, CORE: 4}, nodeSelector=ON_S5000))
+    assert r.returncode == 0 and "snapped up" in r.stderr, r.stderr
+    first = stored(controlplane, ns, "again")
+    out = controlplane.kubectl("get", "pod", "-n", ns, "again", "-o", "yaml").stdout
+    r = controlplane.kubectl("apply", "-f", "-", input=out, check=False)
+    assert r.returncode == 0, r.stderr
+    assert stored(controlplane, ns, "again")["metadata"]["annotations"][RECORD] == \
+        first["metadata"]["annotations"][RECORD]
+    manifest = yaml.safe_load(out)
+    manifest.pop("status", None)
+    manifest["spec"].pop("nodeName", None)  # the scheduler's binding; a new pod must not carry it (SPEC 4.3)
+    manifest["metadata"] = {k: v for k, v in manifest["metadata"].items()
+                            if k in ("name", "namespace", "labels", "annotations")}
+    # A bound pod waits for a kubelet to confirm its deletion, and there is none: remove it at once.
+    controlplane.kubectl("delete", "pod", "-n", ns, "again", "--grace-period=0", "--force")
+    while exists(controlplane, ns, "again"):
+        threading.Event().wait(0.1)
+    before = validations(webhook)
+    r = controlplane.kubectl("create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
+    assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr
+    again = stored(controlplane, ns, "again")
+    assert again["metadata"]["annotations"][RECORD] == first["metadata"]["annotations"][RECORD]
+    assert again["spec"]["containers"] == first["spec"]["containers"]
+    assert validations(webhook) == before
+
+
+def test_a_pod_with_many_containers_stays_within_the_conditions_cost_budget(controlplane, webhook, ns):
+    """kube-apiserver bounds what a matchCondition may cost at run time; an error there would refuse the pod."""
+    manifest = pod("many", {VGPU: 1, MEMORY: 8, CORE: 2}, *[{"cpu": "1m", "memory": "1Mi"}] * 150,
+                   nodeSelector=ON_S5000)
+    manifest["spec"]["initContainers"] = [{"name": f"i{i}", "image": "busybox",
+                                           "resources": {"limits": {"cpu": "1m"}}} for i in range(100)]
+    before = validations(webhook)
+    r = apply(controlplane, ns, manifest)
+    assert r.returncode == 0, r.stderr
+    assert RECORD in stored(controlplane, ns, "many")["metadata"]["annotations"]
+    assert validations(webhook) == before
