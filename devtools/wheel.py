@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import venv
 import zipfile
@@ -42,10 +43,26 @@ class Installed:
         return self.root / "bin" / "hami-mt-webhook"
 
 
+#: What the Dockerfile copies before `pip install .`: the wheel is built from these alone.
+SOURCES = ("pyproject.toml", "README.md", "hami_mt_webhook")
+
+
 def build(dest: Path) -> Path:
-    """Build the wheel of this tree into `dest` (as `pip install .` would build it) and return its path."""
+    """Build the wheel into `dest` from a copy of `SOURCES`, as the image build does, and return its path.
+
+    Not from the tree itself: setuptools keeps a `build/` directory beside the sources, and a module
+    deleted since the last build would still be packed from there.
+    """
     dest.mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(ROOT)])
+    with tempfile.TemporaryDirectory(prefix="hami-mt-wheel-") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        for name in SOURCES:
+            if (ROOT / name).is_dir():
+                shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                shutil.copy2(ROOT / name, src / name)
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(src)])
     wheels = sorted(dest.glob("hami_mt_webhook-*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one wheel in {dest}, found {[w.name for w in wheels]}")

@@ -26,6 +26,9 @@ def test_the_wheel_is_the_package_alone(installed: Installed) -> None:
     tops = {name.split("/")[0] for name in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"hami_mt_webhook"}
     assert "hami_mt_webhook/admission/data/webhooks.yaml" in names
+    # Exactly the tree's modules: none missing, and none left over from an earlier build.
+    tree = {str(p.relative_to(ROOT)) for p in (ROOT / "hami_mt_webhook").rglob("*.py") if "__pycache__" not in p.parts}
+    assert {n for n in names if n.endswith(".py")} == tree
     probe = subprocess.run([str(installed.python), "-c", "import devtools"], capture_output=True, text=True,
                            cwd="/")
     assert probe.returncode != 0 and "No module named 'devtools'" in probe.stderr
