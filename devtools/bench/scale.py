@@ -83,6 +83,9 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                         hook.stop()
                 print("[scale] idle pods ...", flush=True)
                 res["idle"] = await scale_rig.measure_pods(rig, opts.rate, opts.scale_seconds, None, have)
+                print("[scale] quiet, then node updates alone ...", flush=True)
+                res["quiet"] = await scale_rig.measure_churn(rig, 0, opts.scale_seconds, have)
+                res["alone"] = await scale_rig.measure_churn(rig, opts.scale_churn, opts.scale_seconds, have)
                 print(f"[scale] pods under {opts.scale_churn:g} node updates/s for {opts.churn_seconds:g} s ...",
                       flush=True)
                 res["churn"] = await scale_rig.measure_pods(rig, opts.rate, opts.churn_seconds, opts.scale_churn, have)
@@ -120,6 +123,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         "",
     ]
     idle, churn, control, restart = res["idle"], res["churn"], res["control"], res["restart"]
+    quiet, alone = res["quiet"], res["alone"]
 
     def lat(r: dict[str, Any]) -> list[str]:
         p = r["pods"]
@@ -148,6 +152,9 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         f"{idle['cpu'] * 100:.1f} %). RSS during churn {min(churn['rss']):.0f}–{max(churn['rss']):.0f} MiB "
         f"(sampled every 2 s; mean of the first tenth {_tenth(churn['rss'], 0):.1f}, of the last tenth "
         f"{_tenth(churn['rss'], -1):.1f}), peak since start {churn['peak']:.0f} MiB.",
+        f"- Node updates alone (no pods, no reviews): {alone['updates']:,} in {alone['seconds']:.0f} s cost the "
+        f"webhook {alone['cpu'] * 100:.1f} % of one core ({alone['work'].count:,.0f} node batches, the slowest "
+        f"{_slowest(alone['work'])} ms); with nothing at all to do it used {quiet['cpu'] * 100:.1f} %.",
         f"- A capacity change (node status patched) reached the view in "
         f"{', '.join(f'{t:.0f}' for t in res['capacity'])} ms (patch sent to a review answering with it).",
         f"- kube-apiserver SIGKILLed and restarted under {opts.rate:g} pods/s: it was back after "
@@ -161,6 +168,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     last = res["startup"][-1]
     sec.reading.append(
         f"At {last[0]:,} real-sized nodes a replica is ready {last[2]:.1f} s after exec with a peak RSS of "
-        f"{last[3]:.0f} MiB (the whole process); 100 node updates/s cost {churn['cpu'] * 100:.1f} % of a core; "
+        f"{last[3]:.0f} MiB (the whole process); {opts.scale_churn:g} node updates/s alone cost "
+        f"{alone['cpu'] * 100:.1f} % of a core ({churn['cpu'] * 100:.1f} % with pods and reviews); "
         f"after a kube-apiserver restart the view is exact again in {restart['converged']:.1f} s.")
     return sec

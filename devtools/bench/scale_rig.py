@@ -175,6 +175,20 @@ async def measure_pods(rig: Rig, rate: float, seconds: float, churn: float | Non
             "updates": done[1] if churn else 0, "seconds": elapsed}
 
 
+async def measure_churn(rig: Rig, rate: float, seconds: float, size: int) -> dict[str, Any]:
+    """The webhook's CPU with node updates alone: no pods, no reviews (`rate` 0: nothing at all)."""
+    pid = rig.hook.proc.pid
+    cpu0, t0, work0 = usage(pid), time.perf_counter(), node_work(rig.hook)
+    sent = 0
+    if rate:
+        sent = await rig.churn(rate, seconds, size)
+    else:
+        await asyncio.sleep(seconds)
+    cpu1, elapsed = usage(pid), time.perf_counter() - t0
+    return {"cpu": (cpu1["cpu"] - cpu0["cpu"]) / elapsed, "updates": sent, "seconds": elapsed,
+            "work": node_work(rig.hook).minus(work0), "rss": cpu1["rss"]}
+
+
 async def capacity_changes(rig: Rig, size: int, rounds: int = 5) -> list[float]:
     took = []
     for k in range(rounds):

@@ -10,7 +10,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,6 +28,14 @@ INITIAL_EVENTS_END = "k8s.io/initial-events-end"
 LINES_PER_TURN = 16
 #: The longest line (one Node) accepted from a watch; a real Node is about 16 KB.
 MAX_LINE = 8 * 1024 * 1024
+#: Once the view is current, reading rests this long each time the stream has been drained, so that
+#: kubelet heartbeats are received, decrypted and parsed about twenty at a time instead of waking the
+#: loop once each: at 100 node updates/s of 15 KB Nodes the watch costs 2.5 % of a core instead of
+#: 6 %. A change reaches the view at most this much later (the view must follow within a second).
+REST_SECONDS = 0.2
+#: A read at least this large means more is already waiting: read on without resting, so that a heavy
+#: stream never backs up into the API server, which closes a watch that stops reading.
+CAUGHT_UP = 64 * 1024
 
 
 class WatchError(Exception):
@@ -175,9 +183,17 @@ class NodeFeed(Feed):
         logger.info("node view %s: %d sliced nodes", "synced" if first else "rebuilt", len(self.view))
 
 
-async def batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+def _never() -> float:
+    return 0.0
+
+
+async def batches(content: aiohttp.StreamReader, rest: Callable[[], float] = _never,
+                  transport: asyncio.Transport | None = None) -> AsyncIterator[list[bytes]]:
     """Split a watch stream into lines, at most LINES_PER_TURN at a time, without any line limit of
-    the reader (a Node can be large). The caller handles a batch between two turns of the loop."""
+    the reader (a Node can be large). The caller handles a batch between two turns of the loop.
+
+    After a small read (the stream is drained) reading rests for `rest()` seconds with `transport`
+    paused, so what arrives meanwhile waits in the socket and comes in as one read."""
     pending = b""
     async for chunk in content.iter_any():
         pending += chunk
@@ -190,5 +206,20 @@ async def batches(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
         for i in range(0, len(complete), LINES_PER_TURN):
             yield complete[i:i + LINES_PER_TURN]
             await asyncio.sleep(0)
+        if len(chunk) < CAUGHT_UP and (seconds := rest()) > 0:
+            await _rest(transport, seconds)
     if pending.strip():
         yield [pending]
+
+
+async def _rest(transport: asyncio.Transport | None, seconds: float) -> None:
+    """Sleep with the socket unread; a transport that flow control already paused is left alone."""
+    paused = transport is not None and not transport.is_closing() and transport.is_reading()
+    if paused:
+        assert transport is not None
+        transport.pause_reading()
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        if paused and transport is not None and not transport.is_closing():
+            transport.resume_reading()

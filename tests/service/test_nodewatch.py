@@ -16,6 +16,7 @@ from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service.metrics import Metrics
 from hami_mt_webhook.service.nodefeed import (
+    CAUGHT_UP,
     INITIAL_EVENTS_END,
     LINES_PER_TURN,
     MAX_LINE,
@@ -208,6 +209,71 @@ def test_lines_are_split_across_any_chunk_boundary():
         assert split_into(chunks) == [a, b, c]
     many = [event("ADDED", node(f"n{i}")) for i in range(LINES_PER_TURN * 3 + 1)]
     assert split_into([b"\n".join(many) + b"\n"]) == many  # one chunk, several turns of the loop
+
+
+async def _socket_stream():
+    """A real socket pair: the reader side's transport, and a writer for the other end."""
+    import socket
+
+    ours, theirs = socket.socketpair()
+    reader, writer = await asyncio.open_connection(sock=ours)
+    _, peer = await asyncio.open_connection(sock=theirs)
+
+    class Content:
+        keep = writer  # a StreamWriter closes its transport when collected
+
+        async def iter_any(self):
+            while data := await reader.read(1 << 20):
+                yield data
+
+    return Content(), writer.transport, peer
+
+
+def test_once_current_reading_rests_after_the_stream_is_drained_with_the_socket_paused():
+    async def run() -> None:
+        content, transport, peer = await _socket_stream()
+        resting = True
+        lines = batches(content, lambda: 30.0 if resting else 0.0, transport)
+        peer.write(event("MODIFIED", node("a")) + b"\n")
+        assert await asyncio.wait_for(anext(lines), 5) == [event("MODIFIED", node("a"))]
+        waiting = asyncio.ensure_future(anext(lines))
+        peer.write(event("MODIFIED", node("b")) + b"\n" + event("MODIFIED", node("c")) + b"\n")
+        await asyncio.sleep(0.3)
+        assert not waiting.done()  # resting: what arrived waits in the socket
+        assert not transport.is_reading()
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
+        assert transport.is_reading()  # a cancelled rest leaves the socket as it found it
+        peer.close()
+
+    asyncio.run(run())
+
+
+def test_a_build_is_read_without_rest_and_so_is_a_heavy_stream():
+    async def run(resting: bool, chunk: bytes) -> None:
+        content, transport, peer = await _socket_stream()
+        lines = batches(content, lambda: 30.0 if resting else 0.0, transport)
+        peer.write(chunk)
+        got = [line async for line in _first(lines, chunk.count(b"\n"))]
+        peer.write(event("MODIFIED", node("late")) + b"\n")
+        assert await asyncio.wait_for(anext(lines), 5) == [event("MODIFIED", node("late"))]
+        assert got == [line for line in chunk.split(b"\n") if line]
+        peer.close()
+
+    small = event("ADDED", node("a")) + b"\n"
+    asyncio.run(run(False, small))  # building: no rest even after a small read
+    heavy = b"".join(event("MODIFIED", node(f"n{i}", rv=str(i))) + b"\n" for i in range(CAUGHT_UP // 100))
+    assert len(heavy) > 2 * CAUGHT_UP
+    asyncio.run(run(True, heavy))  # current, but more was waiting: read on
+
+
+async def _first(lines, count: int):
+    """The first `count` lines of a batch iterator, within 5 s."""
+    while count > 0:
+        batch = await asyncio.wait_for(anext(lines), 5)
+        count -= len(batch)
+        for line in batch:
+            yield line
 
 
 def test_a_line_without_an_end_is_refused_past_the_limit():
