@@ -19,7 +19,7 @@ import orjson
 
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, stats_lines, table
-from devtools.bench.servers import Pinning, Server, has_uvloop
+from devtools.bench.servers import Pinning, Server
 from devtools.bench.workload import DESCRIBE, EXPECT, KINDS, PATH, bodies
 from hami_mt_webhook.service import certs
 
@@ -214,7 +214,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
 
     sec.lines += [
         f"Cluster in the webhook's view: {opts.s5000} S5000 nodes (8 cards of 160) and {opts.s4000} S4000 nodes "
-        f"(1 card of 96), 11 labels each. Both servers: {'uvloop' if has_uvloop() else 'asyncio'}, TLS from "
+        f"(1 card of 96), 11 labels each. Both servers: asyncio, TLS from "
         "`tls.tls_context` (TLS 1.3, ECDHE + AES-GCM), HTTP/1.1 keep-alive, no access log, one process. The "
         "webhook is `server.AdmissionServer` as `serve` runs it (its listener with the default limits, metrics, "
         f"`review.handle`), logging at `{opts.log_level}` (JSON lines to a file, as `serve` does to stderr); the "

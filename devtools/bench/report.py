@@ -185,7 +185,7 @@ def versions() -> list[str]:
             wrk = (out.stdout + out.stderr).splitlines()[0].split(" Copyright")[0]
     return [f"- hami-mt-webhook {v('hami-mt-webhook')} at {commit}; Python {platform.python_version()} "
             f"({platform.python_implementation()}), {ssl.OPENSSL_VERSION}",
-            f"- aiohttp {v('aiohttp')}, kopf {v('kopf')}, orjson {v('orjson')}, uvloop {v('uvloop')}, "
+            f"- aiohttp {v('aiohttp')}, kopf {v('kopf')}, orjson {v('orjson')}, "
             f"prometheus-client {v('prometheus-client')}; load generator: {wrk}"]
 
 

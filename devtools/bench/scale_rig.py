@@ -203,8 +203,11 @@ async def capacity_changes(rig: Rig, size: int, rounds: int = 5) -> list[float]:
     return took
 
 
-async def restart(rig: Rig, rate: float, size: int) -> dict[str, Any]:
-    """Kill kube-apiserver under load, restart it, delete two nodes; watch the view come back."""
+async def restart(rig: Rig, rate: float, size: int, delete: bool = True) -> dict[str, Any]:
+    """Kill kube-apiserver under load, restart it, delete two nodes; watch the view come back.
+
+    Without `delete` (the control, for a webhook that watches no node) nothing is deleted or awaited:
+    it measures what the restart alone does to the API server's latency."""
     hook, out, probes, stop = rig.hook, Pods(), [], asyncio.Event()
     relists0 = metric(hook, "hami_mt_webhook_node_relists_total")
     work0 = node_work(hook)
@@ -215,12 +218,12 @@ async def restart(rig: Rig, rate: float, size: int) -> dict[str, Any]:
     await asyncio.to_thread(rig.cp.restart_apiserver)
     back = time.perf_counter()
     metrics_from = await rig.api_metrics()
-    gone = [fleet.name_of(i) for i in (size - 1, size - 4)]
+    gone = [fleet.name_of(i) for i in (size - 1, size - 4)] if delete else []
     for name in gone:
         async with rig.api.delete(f"/api/v1/nodes/{name}") as r:
             await r.read()
     expected = size - len(gone)
-    while metric(hook, "hami_mt_webhook_sliced_nodes") != expected and time.perf_counter() - back < 60:
+    while delete and metric(hook, "hami_mt_webhook_sliced_nodes") != expected and time.perf_counter() - back < 60:
         await asyncio.sleep(0.05)
     converged = time.perf_counter() - back
     await load

@@ -85,14 +85,6 @@ class Server:
             self.proc.stdout.close()
 
 
-def has_uvloop() -> bool:
-    try:
-        import uvloop  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
 async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: int, log_level: str,
                 health_port: int = 0) -> None:
     """A benchmark server until SIGTERM: the project's AdmissionServer (with /readyz on `health_port`
@@ -147,11 +139,8 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
 
 
 def _run(coro: Any) -> Any:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+    """asyncio's own loop, which `serve` runs on."""
+    return asyncio.run(coro)
 
 
 def internal(argv: list[str]) -> int:

@@ -29,9 +29,8 @@ LINES_PER_TURN = 16
 #: The longest line (one Node) accepted from a watch; a real Node is about 16 KB.
 MAX_LINE = 8 * 1024 * 1024
 #: Once the view is current, reading rests this long each time the stream has been drained, so that
-#: kubelet heartbeats are received, decrypted and parsed about twenty at a time instead of waking the
-#: loop once each: at 100 node updates/s of 15 KB Nodes the watch costs 2.5 % of a core instead of
-#: 6 %. A change reaches the view at most this much later (the view must follow within a second).
+#: kubelet heartbeats are parsed about twenty at a time instead of waking the reader once each
+#: (nodewatch's docstring has the figures). A change reaches the view at most this much later.
 REST_SECONDS = 0.2
 #: A read at least this large means more is already waiting: read on without resting, so that a heavy
 #: stream never backs up into the API server, which closes a watch that stops reading.
@@ -187,13 +186,15 @@ def _never() -> float:
     return 0.0
 
 
-async def batches(content: aiohttp.StreamReader, rest: Callable[[], float] = _never,
-                  transport: asyncio.Transport | None = None) -> AsyncIterator[list[bytes]]:
+async def batches(content: aiohttp.StreamReader,
+                  rest: Callable[[], float] = _never) -> AsyncIterator[list[bytes]]:
     """Split a watch stream into lines, at most LINES_PER_TURN at a time, without any line limit of
     the reader (a Node can be large). The caller handles a batch between two turns of the loop.
 
-    After a small read (the stream is drained) reading rests for `rest()` seconds with `transport`
-    paused, so what arrives meanwhile waits in the socket and comes in as one read."""
+    After a small read (the stream is drained) reading rests for `rest()` seconds, so that what
+    arrives meanwhile is taken as one read. The transport is not paused for it: aiohttp's own flow
+    control does that once its buffer is full, and pausing an SSL transport by hand stalled the
+    stream in trials."""
     pending = b""
     async for chunk in content.iter_any():
         pending += chunk
@@ -207,19 +208,6 @@ async def batches(content: aiohttp.StreamReader, rest: Callable[[], float] = _ne
             yield complete[i:i + LINES_PER_TURN]
             await asyncio.sleep(0)
         if len(chunk) < CAUGHT_UP and (seconds := rest()) > 0:
-            await _rest(transport, seconds)
+            await asyncio.sleep(seconds)
     if pending.strip():
         yield [pending]
-
-
-async def _rest(transport: asyncio.Transport | None, seconds: float) -> None:
-    """Sleep with the socket unread; a transport that flow control already paused is left alone."""
-    paused = transport is not None and not transport.is_closing() and transport.is_reading()
-    if paused:
-        assert transport is not None
-        transport.pause_reading()
-    try:
-        await asyncio.sleep(seconds)
-    finally:
-        if paused and transport is not None and not transport.is_closing():
-            transport.resume_reading()

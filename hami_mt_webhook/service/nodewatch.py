@@ -28,16 +28,16 @@ and reads Nodes itself:
   a thread would not free the loop (orjson holds the GIL); a process would have to ship the view
   back, for no gain once each step is this small. The `hami_mt_webhook_node_work_seconds` histogram
   measures the longest wait.
-- Once the view is current, reading **rests 0.2 s each time the stream has been drained**, with the
-  socket unread (`nodefeed.REST_SECONDS`). Kubelet heartbeats then arrive about twenty to a read:
-  one wakeup, one TLS pass and one parser call for all of them, instead of one each. Measured on
-  the local control plane at 100 node status updates/s of 15 KB Nodes, CPU of the watch alone:
-  reading each event as it comes 6.0-6.4 % of a core; a reader thread with blocking reads 5.1 %;
-  resting without pausing the socket 3.5 % (the transport still wakes for every event); pausing it
-  0.1 s 3.0 %, 0.2 s 2.5 %, 0.5 s 2.1 %. 0.2 s keeps a change well within a second of the API. A
-  large read means the stream is heavy (a mass update): then reading goes on without rest, so the
-  API server, which closes watches that stop reading, never sees this one fall behind. A (re)build
-  is read without rest.
+- Once the view is current, reading **rests 0.2 s each time the stream has been drained**
+  (`nodefeed.REST_SECONDS`): kubelet heartbeats then arrive about twenty to a read, one wakeup and
+  one parser pass for all of them instead of one each. CPU of the watch alone at 100 node status
+  updates/s of 15 KB Nodes on the local control plane (readers run side by side, so the figures
+  move together with the machine's load): reading each event as it comes 4.1-5.2 % of a core,
+  resting 0.2 s 1.9-3.3 %, 0.5 s 1.4-3.0 %. On uvloop, which `serve` used before, reading each
+  event cost 6.0-7.1 %. 0.2 s keeps a change well within a second of the API. A large read means
+  the stream is heavy (a mass update): then reading goes on without rest, so the API server, which
+  closes watches that stop reading, never sees this one fall behind. A (re)build is read without
+  rest.
 
 Measured (`make bench BENCH_ARGS="--parts scale"`, 10,000 Nodes of about 15 KB): ready 5–6 s after
 exec with a peak RSS of 85–88 MiB for the whole process, against 793 s and 896 MiB with kopf's index.
@@ -163,8 +163,7 @@ class NodeWatch:
             if feed.build is None:
                 feed.synced_at = time.time()
             work = self._metrics.node_work if self._metrics is not None else None
-            transport = resp.connection.transport if resp.connection is not None else None
-            async for batch in batches(resp.content, self._rest, transport):
+            async for batch in batches(resp.content, self._rest):
                 started = time.perf_counter()
                 for raw in batch:
                     feed.line(raw)

@@ -1,5 +1,4 @@
-"""The listener's limits and its graceful drain, against the real TLS server, on both event loops
-(the tests' asyncio and the uvloop `serve` runs on)."""
+"""The listener's limits and its graceful drain, against the real TLS server on asyncio's loop, as `serve` runs it."""
 
 from __future__ import annotations
 
@@ -9,19 +8,10 @@ import socket
 import ssl
 
 import pytest
-import uvloop
 
 from devtools import hostile
 from hami_mt_webhook.service.listener import Limits
 from tests.builders import container, make_pod, review_body
-
-# pytest-asyncio's replacement (a loop-factories hook) applies per conftest, i.e. to every test here.
-pytestmark = pytest.mark.filterwarnings("ignore:Overriding the \"event_loop_policy\" fixture")
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def event_loop_policy(request):
-    return uvloop.EventLoopPolicy() if request.param == "uvloop" else asyncio.DefaultEventLoopPolicy()
 
 
 def client_context(ca_path) -> ssl.SSLContext:
