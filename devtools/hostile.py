@@ -122,7 +122,9 @@ class Flood:
             finally:
                 if writer is not None:
                     self.open_now -= 1
-                    writer.transport.abort()
+                    # A slot still closing when run() gave up on it is collected after its loop closed.
+                    with contextlib.suppress(RuntimeError):
+                        writer.transport.abort()
 
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.kind == "half-hello":
