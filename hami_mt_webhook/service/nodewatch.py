@@ -39,8 +39,8 @@ and reads Nodes itself:
   closes watches that stop reading, never sees this one fall behind. A (re)build is read without
   rest.
 
-Measured (`make bench BENCH_ARGS="--parts scale"`, 10,000 Nodes of about 15 KB): ready 5–6 s after
-exec with a peak RSS of 85–88 MiB for the whole process, against 793 s and 896 MiB with kopf's index.
+Measured (`make bench BENCH_ARGS="--parts scale"`, 10,000 Nodes of about 15 KB): ready 3.4–6.2 s after
+exec with a peak RSS of 82–89 MiB for the whole process, against 793 s and 896 MiB with kopf's index.
 
 Readiness (`ready`) means the initial set has been applied once. While the watch is down later the
 last view is still the best answer the webhook has (node capacities change rarely), so the replica
