@@ -16,7 +16,8 @@ Each connection is in one phase at a time, and each phase has a deadline:
 
 A connection past its deadline is aborted (no graceful TLS close, which a hostile peer would never
 answer), except a kept-alive one: it gets a TLS close_notify first, so that an HTTP client sees the
-close before it reuses the connection, and is aborted `close_grace` later. The TLS machinery (buffers,
+close before it reuses the connection, and is aborted `close_grace` later; if its next request is
+already waiting unread in the socket (the loop was busy), it is read instead. The TLS machinery (buffers,
 an SSL object) is set up only once a client sends its first byte, so a silent connection costs a
 socket.
 
@@ -48,6 +49,17 @@ import aiohttp.web
 from .connections import SHED_ORDER, SILENT_GRACE, Conn, GuardedHandler, Limits, Phase
 
 logger = logging.getLogger("hami_mt_webhook")
+
+#: How long past its idle deadline a kept-alive connection with unread bytes is left to be read.
+REQUEST_WAITING_GRACE = 1.0
+
+
+def _bytes_waiting(sock: socket.socket) -> bool:
+    """Whether the client has sent bytes the loop has not read yet (b"" is its close: nothing to keep)."""
+    try:
+        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except OSError:  # BlockingIOError: nothing waiting; any other error: the connection is gone
+        return False
 
 
 
@@ -215,18 +227,29 @@ class Listener:
         return False
 
     async def _sweep(self) -> None:
-        """Close connections past their phase's deadline; each phase's connections are in order of entry."""
         interval = max(0.02, min(0.5, min(self._timeouts.values()) / 5))
         while True:
             await asyncio.sleep(interval)
-            now = self.loop.time()
-            for phase, conns in self._phases.items():
-                limit = self._timeouts[phase]
-                while conns:
-                    conn = next(iter(conns))
-                    if now - conn.since < limit:
-                        break
-                    self._close(conn, f"deadline-{phase.value}")
+            self._expire(self.loop.time())
+
+    def _expire(self, now: float) -> None:
+        """Close connections past their phase's deadline; each phase's connections are in order of entry.
+
+        A kept-alive connection whose next request already waits in its socket is left for the read
+        to pick up (for up to `REQUEST_WAITING_GRACE` past the deadline): on a busy loop the sweep can
+        run before the read, and closing then would lose a request kube-apiserver has sent (a POST it
+        does not retry, so a failed pod creation).
+        """
+        for phase, conns in self._phases.items():
+            limit = self._timeouts[phase]
+            while conns:
+                conn = next(iter(conns))
+                waited = now - conn.since
+                if waited < limit:
+                    break
+                if phase is Phase.IDLE and waited < limit + REQUEST_WAITING_GRACE and _bytes_waiting(conn.sock):
+                    break  # the read comes first; the connections behind it wait for the next sweep
+                self._close(conn, f"deadline-{phase.value}")
 
     # --- shutdown ----------------------------------------------------------------------------------
 

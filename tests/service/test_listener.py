@@ -195,6 +195,26 @@ async def test_idle_connections_are_closed_at_the_idle_deadline(serve_webhook):
         assert running.server.listener.closed["deadline-idle"] == 1
 
 
+async def test_a_kept_alive_connection_whose_next_request_waits_unread_is_served_not_closed(serve_webhook):
+    # On a busy loop the idle deadline can be checked after kube-apiserver has sent its next request on a
+    # pooled connection but before the loop has read it; closing then loses a POST it does not retry.
+    async with serve_webhook(limits=Limits(idle_timeout=5.0)) as running:
+        listener = running.server.listener
+        kept, kept_w = await connect(running)
+        kept_w.write(request_bytes(good_body()))
+        assert (await hostile.read_answer(kept))[0] == 200
+        await eventually(lambda: listener.phases()["idle"] == 1)
+        kept_w.write(request_bytes(good_body()))  # in the server's socket at once (loopback), not yet read
+        listener._expire(asyncio.get_running_loop().time() + 5.5)  # past the deadline, before the read
+        assert (await asyncio.wait_for(hostile.read_answer(kept), 5))[0] == 200
+        assert listener.closed["deadline-idle"] == 0
+        # Without a request waiting, the same check closes it.
+        await eventually(lambda: listener.phases()["idle"] == 1)
+        listener._expire(asyncio.get_running_loop().time() + 5.5)
+        assert listener.closed["deadline-idle"] == 1
+        kept_w.close()
+
+
 async def test_a_handshake_that_never_finishes_is_cut_at_its_deadline(serve_webhook):
     async with serve_webhook(limits=Limits(handshake_timeout=0.3)) as running:
         reader, writer = await raw_connect(running)
