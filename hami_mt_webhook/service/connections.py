@@ -63,7 +63,8 @@ class Phase(enum.Enum):
     WRITING = "writing"
 
 
-#: Who makes room for a new connection, in this order (the oldest of each group first); BUSY never does.
+#: Who makes room for a new connection, in this order (of each group, the longest in its phase first);
+#: BUSY never does.
 #: The first group holds only connections silent for `SILENT_GRACE`: one just accepted may not have
 #: been read yet.
 SHED_ORDER = ((Phase.SILENT,), (Phase.SILENT, Phase.HANDSHAKE, Phase.NEW, Phase.READING, Phase.WRITING),

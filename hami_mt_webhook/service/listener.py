@@ -23,11 +23,13 @@ socket.
 
 At `max_connections` a new connection makes room rather than being refused, idle connections first
 (as Go's http.Server and nginx shed idle connections): the oldest one silent for a second (a real
-client sends its ClientHello at once), else the oldest one that is handshaking, has not sent a request since its
-handshake, or is reading or writing; kept-alive connections go last, oldest first: they are how
-kube-apiserver's connection pool looks, and closing one races its next request. A caller that
-connected last is the last to go. Connections whose request is being answered are never closed to
-make room; only when every connection is busy is a new one refused.
+client sends its ClientHello at once), else the one longest handshaking, waiting for a request since its
+handshake, or reading or writing; kept-alive connections go last, the longest idle first: they are how
+kube-apiserver's connection pool looks, and closing one races its next request. Age counts in the
+phase, not since accept: a pooled connection minutes old that has just begun a request is the newest
+reader, not the oldest connection. A caller that connected last is the last to go. Connections whose
+request is being answered are never closed to make room; only when every connection is busy is a new
+one refused.
 
 aiohttp still parses HTTP (`GuardedHandler`); on shutdown the listener stops accepting, answers what
 arrives on open connections with `Connection: close` for up to `drain_seconds`, then waits for
@@ -219,7 +221,9 @@ class Listener:
                 conns = self._phases[phase]
                 if conns:
                     first = next(iter(conns))
-                    if oldest is None or first.accepted < oldest.accepted:
+                    # By time in the phase, not the connection's age: a kept-alive connection of
+                    # kube-apiserver's that has just begun sending a request is the oldest of all.
+                    if oldest is None or first.since < oldest.since:
                         oldest = first
             if oldest is not None and (i or now - oldest.since >= SILENT_GRACE):
                 self._close(oldest, f"shed-{oldest.phase.value}")

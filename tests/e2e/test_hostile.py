@@ -35,7 +35,7 @@ def test_a_slice_pod_is_admitted_while_idle_connections_and_handshakes_flood_the
         time.sleep(1.0)
         for i in range(3):  # the API server's calls, with its pooled connections being shed around them
             r = apply(controlplane, ns, pod(f"flooded-{i}", {VGPU: 1, MEMORY: 32, CORE: 8}))
-            assert r.returncode == 0, r.stderr
+            assert r.returncode == 0, f"{r.stderr}\nwebhook closes: {closes(webhook)}\n{webhook.tail(20)}"
             obj = stored(controlplane, ns, f"flooded-{i}")
             assert obj["spec"]["schedulerName"] == "hami-scheduler"
             assert resources(obj)[0] == {VGPU: "1", MEMORY: "32", CORE: "8"}
@@ -47,3 +47,9 @@ def test_a_slice_pod_is_admitted_while_idle_connections_and_handshakes_flood_the
         for run in runs:  # the floods let go of their sockets before the loop goes
             run.result(30)
         lt.close()
+
+
+def closes(webhook) -> str:
+    """The listener's connection closes by reason, for a failure's message."""
+    return ", ".join(line for line in webhook.metrics().splitlines()
+                     if line.startswith("hami_mt_webhook_connections_closed_total{"))

@@ -215,6 +215,30 @@ async def test_a_kept_alive_connection_whose_next_request_waits_unread_is_served
         kept_w.close()
 
 
+async def test_making_room_spares_a_long_kept_alive_connection_that_has_begun_a_request(serve_webhook):
+    # kube-apiserver's pooled connections are the oldest a replica has; when one starts its next request
+    # while a flood fills the listener, a newer connection that has sent nothing goes, not that one.
+    async with serve_webhook(limits=Limits(max_connections=3)) as running:
+        listener = running.server.listener
+        kept, kept_w = await connect(running)
+        kept_w.write(request_bytes(good_body()))
+        assert (await hostile.read_answer(kept))[0] == 200
+        others = [await connect(running) for _ in range(2)]  # handshaken, never a request
+        await eventually(lambda: listener.phases()["new"] == 2)
+        whole = request_bytes(good_body())
+        kept_w.write(whole[:40])  # the next request, begun
+        await eventually(lambda: listener.phases()["reading"] == 1)
+        _, newcomer = await raw_connect(running)  # the listener is full: someone makes room
+        await eventually(lambda: listener.closed["shed-new"] == 1)
+        kept_w.write(whole[40:])
+        assert (await asyncio.wait_for(hostile.read_answer(kept), 5))[0] == 200
+        assert listener.closed["shed-reading"] == 0
+        for _, w in others:
+            w.close()
+        newcomer.close()
+        kept_w.close()
+
+
 async def test_a_handshake_that_never_finishes_is_cut_at_its_deadline(serve_webhook):
     async with serve_webhook(limits=Limits(handshake_timeout=0.3)) as running:
         reader, writer = await raw_connect(running)
