@@ -147,7 +147,12 @@ def test_after_an_api_server_restart_the_view_is_rebuilt_and_reviews_go_on(clust
     assert during, f"no review overlapped the rebuild ({start:.3f}–{end:.3f})"
     worst = max(took for _, took in during)
     print(f"rebuild {end - start:.3f} s, {len(during)} reviews overlapped, worst {worst * 1000:.1f} ms")
-    assert worst < 0.25, f"a review waited {worst * 1000:.0f} ms while the node set was read"
+    # A rebuild parsed on the loop in one go holds a review sent at its start until its end; one that yields
+    # to reviews between small batches lets none wait more than a fraction of it. The bound grows with the
+    # rebuild, because on a slow or loaded machine both do (the restarted API server shares the cores).
+    bound = max(0.25, (end - start) / 2)
+    assert worst < bound, (f"a review waited {worst * 1000:.0f} ms while the node set was read "
+                           f"(rebuild {(end - start) * 1000:.0f} ms)")
 
 
 def _log_since(hook: LocalWebhook, offset: int) -> str:
