@@ -24,6 +24,7 @@ from ..rules import workloads
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
+from ..rules.quantities import QuantityError, whole
 from ..rules.text import clip
 
 
@@ -166,7 +167,22 @@ def pod_spec(item: Item) -> dict[str, Any] | None:
 def capacities_note(item: Item, view: ClusterView, config: Config) -> str | None:
     """`-v`: which per-card capacities the item was judged against, and why (SPEC.md §2)."""
     spec = pod_spec(item)
-    return view.explain(spec, config) if spec is not None else None
+    return view.explain(spec, config, _most_cards(spec, config)) if spec is not None else None
+
+
+def _most_cards(spec: dict[str, Any], config: Config) -> int:
+    """The most cards one container of the pod asks for (1 when none is readable: the rules say why)."""
+    most = 1
+    for group in ("initContainers", "containers"):
+        items = spec.get(group)
+        for container in items if isinstance(items, list) else []:
+            resources = container.get("resources") if isinstance(container, dict) else None
+            limits = resources.get("limits") if isinstance(resources, dict) else None
+            try:
+                most = max(most, whole(limits.get(config.vgpu, 1)) if isinstance(limits, dict) else 1)
+            except QuantityError:
+                continue
+    return most
 
 
 def run_review(files: list[str], node_files: list[str], config: Config, output: str = "text",

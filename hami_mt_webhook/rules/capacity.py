@@ -40,6 +40,32 @@ class Candidates:
     capacities: frozenset[int]
     max_cards: int | None  # None: no node reports, so the card count is unknown
     from_nodes: bool
+    #: (capacity, the most sliced cards one candidate node of that capacity has); empty without reports.
+    most_cards: tuple[tuple[int, int], ...] = ()
+
+    def holding(self, cards: int) -> Candidates:
+        """The candidates narrowed to nodes that slice at least `cards` cards (§3.5).
+
+        HAMi's scheduler takes all of a container's cards from one node, so a node that slices fewer can
+        never hold it, and its capacity is not one a multi-card fill may use. Without node reports the
+        card counts are unknown and the fallback stands (§3.4). Callers deny `cards` above `max_cards`
+        first, so the result is never empty.
+        """
+        if cards <= 1 or not self.most_cards:
+            return self
+        kept = tuple((c, n) for c, n in self.most_cards if n >= cards)
+        if len(kept) == len(self.most_cards):
+            return self
+        return Candidates(frozenset(c for c, _ in kept), max(n for _, n in kept), self.from_nodes, kept)
+
+
+def _from_shapes(shapes: Iterable[tuple[int, int]]) -> Candidates:
+    """Candidates from the (per-card capacity, sliced cards) of the nodes a pod could land on."""
+    most: dict[int, int] = {}
+    for per_card, cards in shapes:
+        if cards > most.get(per_card, 0):
+            most[per_card] = cards
+    return Candidates(frozenset(most), max(most.values()), True, tuple(sorted(most.items())))
 
 
 def report(node: Mapping[str, Any], config: Config) -> NodeReport | None:
@@ -169,9 +195,21 @@ class ClusterView:
                 self._placed[key] = found
         return found
 
-    def explain(self, pod_spec: Mapping[str, Any], config: Config) -> str:
+    def explain(self, pod_spec: Mapping[str, Any], config: Config, cards: int = 1) -> str:
         """Which capacities `candidates` gives this pod and why (`review -v`): a selector that matches no
-        sliced node falls back to memoryPerCard without a word, so say which of the two happened."""
+        sliced node falls back to memoryPerCard without a word, so say which of the two happened. `cards`,
+        the most a container of the pod takes, adds the narrowing of a multi-card fill (§3.5)."""
+        every = self._explain(pod_spec, config)
+        found = self.candidates(pod_spec, config)
+        if cards <= 1 or found.max_cards is None or cards > found.max_cards:
+            return every
+        held = found.holding(cards)
+        if held is found:
+            return every
+        return (f"{every}; {cards} cards of one node: {', '.join(str(c) for c in sorted(held.capacities))} "
+                f"from the nodes that slice {cards} or more")
+
+    def _explain(self, pod_spec: Mapping[str, Any], config: Config) -> str:
         found = self.candidates(pod_spec, config)
         caps = f"per-card capacities {', '.join(str(c) for c in sorted(found.capacities))}"
         odd = [str(c) for c in sorted(found.capacities) if not config.known_size(c)]
@@ -200,14 +238,13 @@ class ClusterView:
             matched = [n for n in self._nodes.values() if _matches(n, selector, terms)]
         if not matched:
             return _fallback(config)
-        return Candidates(frozenset(n.per_card for n in matched), max(n.cards for n in matched), True)
+        return _from_shapes((n.per_card, n.cards) for n in matched)
 
     def _all(self, config: Config) -> Candidates:
         if not self._shapes:
             return _fallback(config)
         if self._summary is None:
-            self._summary = Candidates(
-                frozenset(c for c, _ in self._shapes), max(n for _, n in self._shapes), True)
+            self._summary = _from_shapes(self._shapes)
         return self._summary
 
 

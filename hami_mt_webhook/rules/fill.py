@@ -47,7 +47,9 @@ def fill(slot: Slot, cands: Candidates, config: Config) -> Fill:
         raise Denied(f"{slot.label}: {config.vgpu} {n} is more than any node it could run on has: the largest "
                      f"has {cands.max_cards} sliced card{'s' if cands.max_cards > 1 else ''}", "capacity")
 
-    if n > 1:  # §3.5: whole cards
+    if n > 1:  # §3.5: whole cards, all from one node that slices at least n of them
+        cands = cands.holding(n)
+        largest = max(cands.capacities)
         cores, memory = CORES_PER_CARD * n, largest * n
         if memory > MAX_QUANTITY:  # the fill itself must be a quantity the rules accept on the next review (§4.7)
             raise Denied(f"{slot.label}: {config.vgpu} {n} is far too large: {n} cards of {largest} units would "
@@ -59,7 +61,7 @@ def fill(slot: Slot, cands: Candidates, config: Config) -> Fill:
                          "multi-card")
         if k is None or m is None:
             warnings.append(f"{slot.label}: {config.vgpu} {n} takes {n} whole cards: set {config.core} {cores} "
-                            f"and {config.memory} {memory} ({gib(memory)}){_capacity_note(cands, config)}")
+                            f"and {config.memory} {memory} ({gib(memory)}){_capacity_note(cands, config, n)}")
             mutations.append("multi-card")
         return _fill(n, {config.vgpu: n, config.memory: memory, config.core: cores}, warnings, mutations)
 
@@ -139,11 +141,15 @@ def _expected(resource: str, config: Config) -> str:
     return "a positive whole number of 512 MiB units, e.g. 32 for 16 GiB"
 
 
-def _capacity_note(cands: Candidates, config: Config) -> str:
-    """What a fill's warning adds about the capacity it used: mixed candidates, or a size no card has (§2)."""
+def _capacity_note(cands: Candidates, config: Config, cards: int = 1) -> str:
+    """What a fill's warning adds about the capacity it used: mixed candidates, or a size no card has (§2).
+
+    For a multi-card fill `cands` are already the nodes that can hold all its cards (§3.5), and the note
+    names only theirs."""
     note = ""
     if len(cands.capacities) > 1:
-        note = (f"; the pod could land on cards of {listing(sorted(cands.capacities))} units, so the largest was "
+        where = "the pod could land on" if cards == 1 else f"the pod's {cards} cards could come from nodes with"
+        note = (f"; {where} cards of {listing(sorted(cands.capacities))} units, so the largest was "
                 "taken: pin a card model with a nodeSelector to get its exact capacity")
     return note + _size_note(max(cands.capacities), config)
 

@@ -332,6 +332,15 @@ def test_verbose_names_the_nodes_a_selector_allows_or_the_fallback(tmp_path, cap
     assert err.count("per-card capacities") == 4 and f"{path}#2: per-card capacities 96 from --memory-per-card" in err
 
 
+def test_verbose_says_which_nodes_can_hold_a_multi_card_container(tmp_path, capsys):
+    """§3.5: the capacities of the nodes that slice at least N cards, when they are fewer than the candidates."""
+    path = write(tmp_path, "pods.yaml", make_pod(container(limits={VGPU: 2}), name="two"),
+                 make_pod(container(limits={VGPU: 1}), name="one"))
+    shown = _verbose(capsys, "-f", path, "--nodes", str(NODES))
+    every = "per-card capacities 96, 160 from all 2 sliced nodes: the pod does not constrain its placement"
+    assert shown == [f"{every}; 2 cards of one node: 160 from the nodes that slice 2 or more", every]
+
+
 def test_verbose_flags_an_overcommitted_capacity(tmp_path, capsys):
     node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "oc", "labels": {"kubernetes.io/hostname": "oc"}},
             "status": {"capacity": {CORE: "128", MEMORY: "1408"}}}

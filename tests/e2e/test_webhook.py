@@ -6,10 +6,12 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
+from devtools import cluster
 from devtools.local import apply_nodes
 
 from .support import (
@@ -73,6 +75,33 @@ def test_multi_card_takes_whole_cards(controlplane, ns):
     limits, requests = resources(obj)
     assert limits == requests == {VGPU: "2", MEMORY: "320", CORE: "32"}
     assert obj["metadata"]["annotations"]["mthreads.com/request-gpu-num"] == "2"
+
+
+def test_multi_card_takes_the_card_of_nodes_that_slice_enough_cards(controlplane, ns):
+    """SPEC §3.5: a container's N cards come from one node, so C is taken over nodes that slice N or more."""
+    pool = {"e2e-pool": "card-counts"}
+    many = cluster.Model("S4000x8", "MTT-S4000", cards=8, per_card=96, cpu="64", memory="512Gi")
+    one = cluster.Model("S5000x1", "MTT-S5000", cards=1, per_card=160, cpu="128", memory="1Ti")
+    nodes = [m.node(f"e2e-{m.name.lower()}", {**m.labels(f"e2e-{m.name.lower()}"), **pool}) for m in (many, one)]
+    apply_nodes(controlplane, nodes)
+    try:
+        def fill(name: str, **spec: Any) -> subprocess.CompletedProcess[str]:
+            return apply(controlplane, ns, pod(name, {VGPU: 2}, **spec), "--dry-run=server", "-o", "json")
+
+        deadline = time.monotonic() + 20
+        while (r := fill("cards", nodeSelector=pool)).returncode != 0 or \
+                resources(json.loads(r.stdout))[0][MEMORY] != "192":
+            assert time.monotonic() < deadline, (r.stdout[-300:], r.stderr)  # the view reads the new nodes
+            time.sleep(0.2)
+        limits, requests = resources(json.loads(r.stdout))
+        assert limits == requests == {VGPU: "2", MEMORY: "192", CORE: "32"}
+        assert "mthreads.com/sgpu-memory 192 (96 GiB)" in r.stderr and "could come from" not in r.stderr
+        r = fill("cards-s5000", nodeSelector={**pool, **ON_S5000})
+        assert r.returncode != 0
+        assert "mthreads.com/vgpu 2 is more than any node it could run on has: the largest has 1 sliced card" \
+            in r.stderr
+    finally:
+        controlplane.kubectl("delete", "node", *(n["metadata"]["name"] for n in nodes))
 
 
 def test_mixed_container_is_denied_with_the_message(controlplane, ns):

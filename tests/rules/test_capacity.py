@@ -111,3 +111,19 @@ def test_answers_for_a_constraint_are_remembered_until_a_node_changes():
 @pytest.mark.parametrize("selector", [{"model": ["s4000"]}, {"model": None}, {1: "x"}, {"model": {"a": 1}}])
 def test_odd_selectors_match_nothing_and_never_raise(selector):
     assert ClusterView([S4, S5]).candidates({"nodeSelector": selector}, CFG).from_nodes is False
+
+
+def test_holding_narrows_to_nodes_that_slice_enough_cards():
+    view = ClusterView([NodeReport("a", {}, 8, 96), NodeReport("b", {}, 1, 160), NodeReport("c", {}, 2, 160)])
+    every = view.candidates({}, CFG)
+    assert every.capacities == frozenset({96, 160}) and every.max_cards == 8
+    assert every.holding(1) is every and every.holding(2) is every
+    three = every.holding(3)
+    assert (three.capacities, three.max_cards, three.most_cards) == (frozenset({96}), 8, ((96, 8),))
+    pinned = view.candidates({"nodeSelector": {}}, CFG)  # an empty selector constrains nothing
+    assert pinned == every
+
+
+def test_holding_keeps_the_fallback_when_nothing_reports():
+    fallback = ClusterView().candidates({}, Config(memory_per_card=(96, 160)))
+    assert fallback.holding(4) is fallback

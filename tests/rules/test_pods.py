@@ -258,6 +258,84 @@ def test_without_node_reports_the_card_count_is_not_limited():
     assert limits_of(d)[M] == "384"
 
 
+# §3.5: C over the candidate nodes that slice at least N cards (HAMi's scheduler takes a container's N
+# cards from one node, so a node that slices fewer can never hold it).
+EIGHT_S4_ONE_S5 = ClusterView([NodeReport("s4000-8", S4, 8, 96), NodeReport("s5000-1", S5, 1, 160)])
+TWO_S5_FOUR_S4 = ClusterView([NodeReport("s5000-2", S5, 2, 160), NodeReport("s4000-4", S4, 4, 96)])
+
+
+@pytest.mark.parametrize(("view", "vgpu", "memory"), [
+    (EIGHT_S4_ONE_S5, "2", "192"),  # no node has two 160-unit cards
+    (EIGHT_S4_ONE_S5, "8", "768"),
+    (TWO_S5_FOUR_S4, "3", "288"),  # only the 4-card node holds three
+    (TWO_S5_FOUR_S4, "4", "384"),
+])
+def test_multi_card_takes_the_card_of_the_nodes_that_slice_enough_cards(view, vgpu, memory):
+    d = admitted(pod(ctr("c", {V: vgpu})), view)
+    assert limits_of(d) == {V: vgpu, M: memory, K: str(16 * int(vgpu))} == requests_of(d)
+    assert "could" not in d.warnings[0]  # one capacity can hold it: nothing to choose between
+
+
+def test_multi_card_warning_names_only_the_capacities_that_can_hold_it():
+    d = admitted(pod(ctr("train", {V: "2"})), TWO_S5_FOUR_S4)
+    assert limits_of(d)[M] == "320"
+    assert d.warnings == [  # as docs/mixed-clusters.md and docs/denials.md quote it
+        'container "train": mthreads.com/vgpu 2 takes 2 whole cards: set mthreads.com/sgpu-core 32 and '
+        "mthreads.com/sgpu-memory 320 (160 GiB); the pod's 2 cards could come from nodes with cards of 96, 160 "
+        "units, so the largest was taken: pin a card model with a nodeSelector to get its exact capacity"]
+    on_examples = admitted(pod(ctr("c", {V: "2"})))  # the one-card S4000 can never hold two cards
+    assert limits_of(on_examples)[M] == "320" and "96" not in on_examples.warnings[0]
+
+
+def test_a_fill_no_node_can_hold_is_refused_by_the_validating_rules():
+    wrong = pod(ctr("c", {V: "2", M: "320", K: "32"}), schedulerName="hami-scheduler")
+    refused = validate(wrong, EIGHT_S4_ONE_S5, CFG)
+    assert not refused.allowed and "(they are filled as 192 and 32)" in refused.message
+    assert denied(pod(ctr("c", {V: "2", M: "320", K: "32"})), EIGHT_S4_ONE_S5).reason == "multi-card"
+
+
+@pytest.mark.parametrize(("spec", "memory"), [
+    ({"nodeSelector": S5}, None),  # the S5000 node slices one card: denied
+    ({"nodeSelector": S4}, "192"),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]},
+        {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["s5000-1", "s4000-8"]}]}]}}}},
+     "192"),
+])
+def test_multi_card_with_placement_constraints(spec, memory):
+    body = pod(ctr("c", {V: "2"}), **spec)
+    if memory is None:
+        d = denied(body, EIGHT_S4_ONE_S5)
+        assert d.reason == "capacity" and "the largest has 1 sliced card" in d.message
+    else:
+        assert limits_of(admitted(body, EIGHT_S4_ONE_S5))[M] == memory
+
+
+def test_a_multi_card_init_container_takes_the_card_of_the_nodes_that_hold_it():
+    d = admitted(pod(ctr("app"), init=(ctr("prep", {V: "2"}),)), EIGHT_S4_ONE_S5)
+    assert limits_of(d, group="initContainers")[M] == "192"
+
+
+@pytest.mark.parametrize("other", [
+    {"init": (ctr("warm", {V: "1", M: "8", K: "1"}),)},
+    {"init": (ctr("proxy", {V: "1", M: "8", K: "1"}, restartPolicy="Always"),)},
+])
+def test_multi_card_beside_an_init_container_or_sidecar_with_slices_is_denied(other):
+    d = denied(pod(ctr("a", {V: "2"}), **other), EIGHT_S4_ONE_S5)
+    assert d.reason == "one-card" and "none may take mthreads.com/vgpu 2" in d.message
+
+
+def test_the_one_card_rule_still_measures_against_the_largest_card():
+    # §4.4 is unchanged: one card of 160 exists, so 128 + 32 on one card fits it.
+    admitted(pod(ctr("a", {V: "1", M: "128", K: "8"}), ctr("b", {V: "1", M: "32", K: "8"})), EIGHT_S4_ONE_S5)
+
+
+def test_without_node_reports_multi_card_takes_the_largest_memory_per_card():
+    d = admitted(pod(ctr("c", {V: "2"})), EMPTY, Config(memory_per_card=(96, 160)))
+    assert limits_of(d)[M] == "320"
+    assert "could come from nodes with cards of 96, 160 units" in d.warnings[0]
+
+
 # §3.6 partial --------------------------------------------------------------------------------
 
 def test_a_valid_tier_is_kept_untouched():

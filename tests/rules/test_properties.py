@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules import pods as rules
-from hami_mt_webhook.rules.capacity import ClusterView
+from hami_mt_webhook.rules.capacity import ClusterView, NodeReport
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.quantities import QuantityError, whole
 from tests.builders import (
@@ -205,6 +205,79 @@ def test_mutate_properties(view_name, pod):
         assert checked.patch == []
     admitted = review.admit(pod, view, CONFIG)
     assert admitted.allowed == decision.allowed
+
+
+# --- every admitted pod fits a node, card by card, as HAMi's scheduler counts -------------------------------------
+
+MODELS = {96: "MTT-S4000", 160: "MTT-S5000", 176: "MTT-S5000"}  # 176: an S5000 reported with overcommit_ratio 1.1
+
+
+@st.composite
+def clusters(draw) -> list[NodeReport]:
+    """Sliced nodes of different card sizes that slice different numbers of cards (the vendor's gpu_ids)."""
+    shapes = draw(st.lists(st.tuples(st.sampled_from(sorted(MODELS)), st.integers(1, 8)), min_size=1, max_size=4))
+    return [NodeReport(f"n{i}", {PRODUCT: MODELS[c], "kubernetes.io/hostname": f"n{i}"}, cards, c)
+            for i, (c, cards) in enumerate(shapes)]
+
+
+@st.composite
+def slice_pods(draw) -> dict[str, Any]:
+    """Well-formed slice pods: the requests a user writes, multi-card and shared cards included."""
+    def one(name: str) -> dict[str, Any]:
+        limits: dict[str, Any] = {}
+        kind = draw(st.sampled_from(["exclusive", "multi", "partial", "vendor", "multi-filled"]))
+        if kind in ("exclusive", "multi", "multi-filled"):
+            limits[VGPU] = str(1 if kind == "exclusive" else draw(st.integers(2, 9)))
+        if kind == "multi-filled":
+            per_card = draw(st.sampled_from([96, 160]))
+            limits |= {MEMORY: str(per_card * int(limits[VGPU])), CORE: str(16 * int(limits[VGPU]))}
+        if kind in ("partial", "vendor"):
+            limits[MEMORY] = str(draw(st.sampled_from([2, 8, 20, 32, 64, 96, 100, 128, 160, 176])))
+            if draw(st.booleans()):
+                limits[CORE] = str(draw(st.integers(1, 16)))
+            if kind == "partial":
+                limits[VGPU] = "1"
+        return {"name": name, "image": "busybox", "resources": {"limits": limits, "requests": dict(limits)}}
+
+    spec: dict[str, Any] = {"containers": [one(f"c{i}") for i in range(draw(st.integers(1, 2)))]}
+    init = draw(st.sampled_from(["none", "none", "init", "sidecar"]))
+    if init != "none":
+        spec["initContainers"] = [one("i0") | ({"restartPolicy": "Always"} if init == "sidecar" else {})]
+    if draw(st.booleans()):
+        spec["nodeSelector"] = {PRODUCT: draw(st.sampled_from(sorted(set(MODELS.values()))))}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "default"}, "spec": spec}
+
+
+def _fits(node: NodeReport, pod: dict[str, Any]) -> bool:
+    """HAMi's scheduler (A.8), written apart from the rules: a container's N cards come from one node, each
+    asked for memory/N and cores/N; the containers that run together share one card."""
+    together_memory = together_cores = 0
+    for group in ("initContainers", "containers"):
+        for c in pod["spec"].get(group) or []:
+            limits = c["resources"]["limits"]
+            if not any(r in limits for r in SLICES):
+                continue
+            n, memory, cores = (whole(limits.get(r, 0)) for r in SLICES)
+            if n > node.cards or memory > n * node.per_card or cores > 16 * n:
+                return False
+            if group == "containers" or c.get("restartPolicy") == "Always":
+                together_memory, together_cores = together_memory + memory / n, together_cores + cores / n
+    return together_memory <= node.per_card and together_cores <= 16
+
+
+@fast(500)
+@given(nodes=clusters(), pod=slice_pods())
+def test_every_pod_admitted_fits_a_node_it_may_land_on(nodes, pod):
+    count_case("test_every_pod_admitted_fits_a_node_it_may_land_on")
+    decision = rules.mutate(pod, ClusterView(nodes), CONFIG)
+    if not decision.allowed:
+        return
+    out = decision.object
+    selector = out["spec"].get("nodeSelector") or {}
+    reachable = [n for n in nodes if selector.items() <= n.labels.items()]
+    if not reachable:
+        return  # §2: a selector that matches no sliced node falls back to memoryPerCard (a cluster not yet labelled)
+    assert any(_fits(n, out) for n in reachable), (decision.warnings, [(n.per_card, n.cards) for n in reachable])
 
 
 def _numeric(value: Any) -> int | None:
