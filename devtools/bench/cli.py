@@ -74,6 +74,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="part scale: seconds of churn (600 for the 10-minute memory figure) [60]")
     p.add_argument("--hostile-reviews", type=int, default=20, help="fresh reviews per attack in part 5 [20]")
     p.add_argument("--hops-rounds", type=int, default=4, help="part hops: rounds, --pods split over them [4]")
+    p.add_argument("--before", metavar="REV",
+                   help="part http: also serve the webhook of this git revision (a worktree), before beside after")
     p.add_argument("--profile", action="store_true",
                    help="add cProfiles: of review.handle over the mix (part 2) and of the server under load (part 1)")
     p.add_argument("--write", type=Path, metavar="FILE", help="also write the report as Markdown (docs/PERFORMANCE.md)")

@@ -76,6 +76,8 @@ class Held:
     probes: list[tuple[int, float]] = field(default_factory=list)
     rss_before: float | None = None
     rss_peak: float | None = None
+    rss_after: float | None = None  # once the flood has stopped, when back near rss_before or after AFTER_SECONDS
+    after_seconds: float | None = None
     floods: list[dict[str, Any]] = field(default_factory=list)
     held: bool = True
 
@@ -133,8 +135,26 @@ def _hold_attack(name: str, what: str, floods: Sequence[tuple[str, int]], layout
         sampling = False
         sampler.join(2)
         result.rss_peak = peak[0] or None
+        if result.rss_before is not None and srv.proc.poll() is None:
+            result.rss_after, result.after_seconds = _settle(srv.proc.pid, result.rss_before)
         srv.stop()
     return result
+
+
+#: How long the memory of a server is watched after a flood stops, and what counts as back near idle.
+AFTER_SECONDS = 60.0
+NEAR_IDLE = 1.15
+
+
+def _settle(pid: int, before: float) -> tuple[float | None, float]:
+    """RSS once the flood is gone: the first sample within NEAR_IDLE of `before`, or the last of AFTER_SECONDS."""
+    started = time.monotonic()
+    while True:
+        now = rss_mib(pid)
+        waited = time.monotonic() - started
+        if now is None or now <= before * NEAR_IDLE or waited >= AFTER_SECONDS:
+            return now, waited
+        time.sleep(1.0)
 
 
 def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argparse.Namespace) -> list[list[str]]:
@@ -202,7 +222,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                      fmt(max(served) * 1e3, 0) if served else "-",
                      f"{fmt(worst_probe * 1e3, 0)} ms" + (f" ({failed_probes} failed)" if failed_probes else "")
                      if worst_probe is not None else "-",
-                     f"{fmt(held.rss_before, 0)} → {fmt(held.rss_peak, 0)}",
+                     f"{fmt(held.rss_before, 0)} → {fmt(held.rss_peak, 0)} → {fmt(held.rss_after, 0)}"
+                     + (f" ({held.after_seconds:.0f} s after)" if held.after_seconds is not None else ""),
                      "; ".join(f"{f.get('kind')}: {f.get('opened', 0):,} opened" for f in held.floods)
                      + ("" if held.held else " (the flood never reached its size)")])
     sec.lines += [
@@ -210,10 +231,12 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         "(`python -m devtools.hostile`), which reopens every connection the server closes. Once the "
         f"flood is up, {opts.hostile_reviews} fresh reviews are sent 0.5 s apart, each on a new connection as "
         "kube-apiserver does after its pooled connections were cut, and `/readyz` is probed every 0.25 s. "
-        "A review counts as answered correctly when it comes back HTTP 200 with the expected patch.",
+        "A review counts as answered correctly when it comes back HTTP 200 with the expected patch. After the "
+        f"flood stops, RSS is sampled every second until it is within {NEAR_IDLE - 1:.0%} of the figure before the "
+        f"flood, or for {AFTER_SECONDS:.0f} s.",
         "",
         *table(["attack", "what the clients do", "fresh reviews answered", "max latency (ms)", "/readyz worst",
-                "RSS MiB (before → peak)", "flood"], rows),
+                "RSS MiB (before → peak → after the flood)", "flood"], rows),
         "",
         "Single requests and the idle deadline, against a fresh server:",
         "",
@@ -224,7 +247,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         sec.reading.append(
             f"Hostile clients, {held.name}: {held.correct} of {len(held.reviews)} fresh reviews answered"
             + (f" (max {max(served) * 1e3:.0f} ms)" if served else "")
-            + f", peak RSS {fmt(held.rss_peak, 0)} MiB.")
+            + f", RSS {fmt(held.rss_before, 0)} → peak {fmt(held.rss_peak, 0)} → {fmt(held.rss_after, 0)} MiB "
+            f"{held.after_seconds or 0:.0f} s after the flood.")
     return sec
 
 

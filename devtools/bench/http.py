@@ -19,7 +19,7 @@ import orjson
 
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, stats_lines, table
-from devtools.bench.servers import Pinning, Server
+from devtools.bench.servers import Pinning, Server, drop_worktree, worktree
 from devtools.bench.workload import DESCRIBE, EXPECT, KINDS, PATH, bodies
 from hami_mt_webhook.service import certs
 
@@ -164,9 +164,14 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
 
     servers: dict[str, Server] = {}
     results: list[Load] = []
+    before = worktree(opts.before, workdir) if opts.before else None
     try:
         for kind in ("webhook", "baseline"):
             servers[kind] = Server(kind, layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level)
+        if before is not None:  # the same harness, the same run: a lever's before and after
+            name = f"webhook@{opts.before}"
+            servers[name] = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level,
+                                   tree=before, name=name)
         for kind, payload in zip(KINDS, payloads, strict=True):  # the webhook answers as the mix says
             status, answer = post_once(servers["webhook"].port, payload, layout.ca_cert)
             got = answer.get("response", {})
@@ -186,7 +191,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         for kind in servers:  # warm-up: first handshakes, allocator and caches; not recorded
             measure(kind, max(opts.connections), 1.0)
         for connections in opts.connections:  # interleaved, so drift on the machine hits both alike
-            for kind in ("webhook", "baseline"):
+            for kind in servers:
                 load = measure(kind, connections, opts.duration)
                 results.append(load)
                 print(f"[http] {kind:8} c={connections:<3} {load.rps:9,.0f} reviews/s  p50 {load.p50:6.2f} ms  "
@@ -209,6 +214,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     finally:
         for s in servers.values():
             s.stop()
+        if before is not None:
+            drop_worktree(before)
     log_bytes = servers["webhook"].log.stat().st_size if "webhook" in servers else 0
     total = sum(r.requests for r in results if r.server == "webhook") + 1  # +1: never divide by zero
 
@@ -247,7 +254,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         "",
         *table(["connections", "reviews/s ratio", "p50 ratio", "p99 ratio", "µs added per review"], ratio_rows),
         "",
-        f"Peak RSS (VmHWM): webhook {fmt(rss.get('webhook'), 1)} MiB, baseline {fmt(rss.get('baseline'), 1)} MiB. "
+        *_before_after(opts, by),
+        "Peak RSS (VmHWM): " + ", ".join(f"{k} {fmt(v, 1)} MiB" for k, v in rss.items()) + ". "
         f"The webhook wrote {log_bytes / total:.0f} bytes of log per review.",
     ]
     if opts.profile:
@@ -270,3 +278,17 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     return sec
 
 
+def _before_after(opts: argparse.Namespace, by: dict[tuple[str, int], Load]) -> list[str]:
+    """`--before REV`: the webhook now against the webhook of REV, both from this run."""
+    if not opts.before:
+        return []
+    rows = []
+    for c in opts.connections:
+        now, then = by.get(("webhook", c)), by.get((f"webhook@{opts.before}", c))
+        if now and then and then.rps and then.p99:
+            rows.append((c, f"{then.rps:,.0f}", f"{now.rps:,.0f}", f"{now.rps / then.rps:.2f}", fmt(then.p99),
+                         fmt(now.p99), f"{now.p99 / then.p99:.2f}"))
+    return [f"Before and after (`--before {opts.before}`: that revision's webhook, served from a worktree in this "
+            "run):", "",
+            *table(["connections", f"{opts.before} reviews/s", "now reviews/s", "ratio", f"{opts.before} p99 ms",
+                    "now p99 ms", "p99 ratio"], rows), ""]

@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import ssl
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -49,15 +50,32 @@ class Pinning:
                    f"Servers pinned to CPU {a}, load generator to CPU {b} (`taskset -c`)")
 
 
+def worktree(rev: str, workdir: Path) -> Path:
+    """A detached checkout of `rev` in `workdir` (`--before`), for the webhook as it was beside as it is."""
+    path = workdir / f"tree-{rev.replace('/', '-')}"
+    if not path.exists():
+        done = subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO_ROOT,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"--before {rev}: git worktree add failed: {done.stderr.strip()}")
+    return path
+
+
+def drop_worktree(path: Path) -> None:
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, capture_output=True)
+
+
 class Server:
     """One benchmark server (`_serve webhook|baseline`) in its own pinned process."""
 
     def __init__(self, kind: str, layout: certs.Layout, workdir: Path, pin: list[str], s5000: int, s4000: int,
-                 log_level: str, profile: Path | None = None, health: bool = False) -> None:
+                 log_level: str, profile: Path | None = None, health: bool = False, tree: Path = REPO_ROOT,
+                 name: str | None = None) -> None:
         self.kind = kind
+        self.name = name or kind  # "webhook@<rev>" for the webhook of another revision (`tree`, a worktree)
         self.port, self.health_port = procs.free_ports(2)
         self.health_port = self.health_port if health else 0
-        self.log = workdir / f"{kind}{'-profiled' if profile else ''}.log"
+        self.log = workdir / f"{self.name.replace('@', '-')}{'-profiled' if profile else ''}.log"
         cmd = [*pin, sys.executable, "-m", "devtools.bench", "_serve", kind, "--port", str(self.port),
                "--cert", str(layout.tls_cert), "--key", str(layout.tls_key), "--s5000", str(s5000),
                "--s4000", str(s4000), "--log-level", log_level]
@@ -66,11 +84,12 @@ class Server:
         if health:
             cmd += ["--health-port", str(self.health_port)]
         # A killed benchmark must not leave listeners behind.
-        self.proc = procs.spawn(cmd, self.log, pipe=True, cwd=REPO_ROOT, mode="wb")
+        # `-m` puts the working directory first on sys.path, so `tree`'s package is the one served.
+        self.proc = procs.spawn(cmd, self.log, pipe=True, cwd=tree, mode="wb")
         if not procs.wait_line(self.proc, b"ready", 60.0):
             self.stop()
             tail = self.log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the {self.kind} server did not start (exit {self.proc.returncode}):\n{tail}")
+            raise RuntimeError(f"the {self.name} server did not start (exit {self.proc.returncode}):\n{tail}")
 
     @property
     def url(self) -> str:

@@ -1,30 +1,31 @@
-"""One connection's state as the listener tracks it, and aiohttp's protocol reporting its phases.
+"""One connection, from its first byte to its close: TLS on the socket itself, then HTTP/1.1 requests.
 
-`listener` explains the phases and their deadlines; this module holds the pieces it is built from.
+`listener` explains the phases and their deadlines and decides when a connection must go; this module
+moves one connection's bytes. TLS runs on a non-blocking `ssl.SSLSocket` driven by the event loop's
+readiness callbacks, so a request costs one `recv` and one `send` through OpenSSL, in C, rather than
+asyncio's TLS protocol in Python (`docs/PERFORMANCE.md`, "The HTTP layer"). While a request is answered
+or its answer written the connection reads nothing more, so a client cannot pile bytes up behind it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
+import select
 import socket
+import ssl
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from http import HTTPStatus
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, Protocol
 
-from aiohttp import hdrs
-from aiohttp.web_protocol import RequestHandler
-from aiohttp.web_request import BaseRequest
-from aiohttp.web_response import Response, StreamResponse
-
-if TYPE_CHECKING:
-    from .listener import Listener
+from .http11 import CONTINUE, MAX_HEAD, Answer, BadRequest, Head, answer, error_answer, parse_head
 
 logger = logging.getLogger("hami_mt_webhook")
 
-#: The `Server:` header: the name only, never a library or version.
-SERVER_NAME = "hami-mt-webhook"
+#: Bytes asked of OpenSSL per read: a whole AdmissionReview of a usual pod in one call.
+READ_SIZE = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -72,78 +73,288 @@ SHED_ORDER = ((Phase.SILENT,), (Phase.SILENT, Phase.HANDSHAKE, Phase.NEW, Phase.
 SILENT_GRACE = 1.0
 
 
+class Responder(Protocol):
+    """What answers a request: the admission handler (`handler.ReviewHandler`)."""
+
+    big_lane: asyncio.Semaphore
+
+    def answer(self, head: Head, body: bytes) -> Answer: ...
+
+    def answer_big(self, head: Head, body: bytes) -> Awaitable[Answer]: ...
+
+    def refused(self, head: Head, status: int) -> None: ...
+
+
+class Host(Protocol):
+    """What a connection needs of its listener: the shared settings, and a place to report its phases."""
+
+    loop: asyncio.AbstractEventLoop
+    limits: Limits
+    context: ssl.SSLContext
+    responder: Responder
+    draining: bool
+
+    def enter(self, conn: Conn, phase: Phase) -> None: ...
+
+    def forget(self, conn: Conn) -> None: ...
+
+    def handshaking(self, conn: Conn) -> None: ...
+
+
 class Conn:
     """One accepted TCP connection, tracked from accept to close."""
 
-    __slots__ = ("sock", "tls", "handler", "phase", "since", "accepted", "closed", "task", "waiting")
+    __slots__ = ("sock", "fd", "host", "tls", "phase", "since", "accepted", "closed", "task", "buf", "head",
+                 "body", "out", "close_after", "_reader", "_writer")
 
-    def __init__(self, sock: socket.socket, accepted: float) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, host: Host, accepted: float) -> None:
+        self.sock: socket.socket = sock
+        self.fd = sock.fileno()
+        self.host = host
         self.accepted = accepted
-        self.waiting = False  # for the client's first byte, before any TLS state exists
-        self.tls: asyncio.Transport | None = None  # once the handshake is done
-        self.handler: GuardedHandler | None = None
-        self.phase = Phase.HANDSHAKE
+        self.tls: ssl.SSLSocket | None = None  # from the client's first byte on
+        self.phase = Phase.SILENT
         self.since = 0.0
         self.closed = False
-        self.task: asyncio.Task[Any] | None = None  # the handshake
+        self.task: asyncio.Task[Any] | None = None  # a large body's answer
+        self.buf = bytearray()
+        self.head: Head | None = None  # of the request being read
+        self.body: asyncio.Future[bytes] | None = None  # a large body, awaited by `task`
+        self.out: memoryview | None = None  # what is left of the answer being written
+        self.close_after = False
+        self._reader: Callable[[], None] | None = None
+        self._writer: Callable[[], None] | None = None
 
+    # --- readiness -----------------------------------------------------------------------------------
 
-class GuardedHandler(RequestHandler):
-    """aiohttp's protocol, reporting each request's phases to the listener; no request bytes in errors."""
+    def _watch(self, reader: Callable[[], None] | None, writer: Callable[[], None] | None = None) -> None:
+        loop = self.host.loop
+        if reader != self._reader:
+            if self._reader is not None:
+                loop.remove_reader(self.fd)
+            if reader is not None:
+                loop.add_reader(self.fd, reader)
+            self._reader = reader
+        if writer != self._writer:
+            if self._writer is not None:
+                loop.remove_writer(self.fd)
+            if writer is not None:
+                loop.add_writer(self.fd, writer)
+            self._writer = writer
 
-    def __init__(self, listener: Listener, conn: Conn, **kwargs: Any) -> None:
-        server = listener.runner.server
-        assert server is not None, "the runner is set up before connections are accepted"
-        super().__init__(server, loop=listener.loop, **kwargs)
-        self._listener = listener
-        self._conn = conn
+    def start(self) -> None:
+        """Wait for the client's first byte; until then the connection costs a socket and nothing more."""
+        self._watch(self._first_byte)
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        """The TLS handshake is done: the connection waits for its first request."""
-        self._conn.tls = cast(asyncio.Transport, transport)
-        self._listener._enter(self._conn, Phase.NEW)
-        super().connection_made(transport)
+    def _first_byte(self) -> None:
+        self._watch(None)
+        if self.closed:
+            return
+        self.host.handshaking(self)  # may make room by closing an older handshake
+        self.tls = self.host.context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+        self.sock = self.tls
+        self._handshake()
 
-    def connection_lost(self, exc: BaseException | None) -> None:
-        self._listener._forget(self._conn)
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if data and self._conn.phase in (Phase.NEW, Phase.IDLE):  # a request's first byte starts its clock
-            self._listener._enter(self._conn, Phase.READING)
-        super().data_received(data)
-
-    def request_read(self) -> None:
-        """The handler has the whole body: the answer's own clock starts."""
-        if self._conn.phase is Phase.READING:
-            self._listener._enter(self._conn, Phase.BUSY)
-
-    async def finish_response(self, request: BaseRequest, resp: StreamResponse,
-                              start_time: float | None) -> tuple[StreamResponse, bool]:
-        conn = self._conn
-        self._listener._enter(conn, Phase.WRITING)
-        if not resp.prepared:
-            resp.headers[hdrs.SERVER] = SERVER_NAME
+    def _handshake(self) -> None:
+        tls = self.tls
+        assert tls is not None
         try:
-            return await super().finish_response(request, resp, start_time)
-        finally:
-            if conn.phase is Phase.WRITING:  # next: a pipelined request already read, or the idle wait
-                self._listener._enter(conn, Phase.READING if self._messages else Phase.IDLE)
+            tls.do_handshake()
+        except ssl.SSLWantReadError:
+            self._watch(self._handshake)
+            return
+        except ssl.SSLWantWriteError:
+            self._watch(None, self._handshake)
+            return
+        except (OSError, ValueError) as err:  # ssl.SSLError included: nothing to answer
+            logger.debug("TLS handshake failed: %s", type(err).__name__)
+            self.abort()
+            return
+        self.host.enter(self, Phase.NEW)
+        self._watch(self._readable)
+        self._readable()  # the first request may have come with the handshake's last flight
 
-    def handle_error(self, request: BaseRequest, status: int = 500, exc: BaseException | None = None,
-                     message: str | None = None) -> StreamResponse:
-        """A fixed answer per status: aiohttp's own would echo the offending request bytes."""
-        if status >= 500:
-            self.log_exception("error handling a request", exc_info=exc)
-        else:
-            logger.debug("HTTP %d to a client: %s", status, type(exc).__name__ if exc else "bad request")
-        if request.writer.output_size > 0:
-            raise ConnectionError("the answer is partly sent; no error answer can follow")
+    # --- reading -------------------------------------------------------------------------------------
+
+    def _readable(self) -> None:
+        tls = self.tls
+        assert tls is not None
+        got = 0
         try:
-            phrase = HTTPStatus(status).phrase
-        except ValueError:
-            phrase = "Error"
-        resp = Response(status=status, text=f"{status} {phrase}\n", content_type="text/plain")
-        resp.force_close()
-        return resp
+            while True:
+                data = tls.recv(READ_SIZE)
+                if not data:  # the client closed
+                    self.abort()
+                    return
+                self.buf += data
+                got += len(data)
+                if not tls.pending() or len(self.buf) > READ_SIZE:
+                    break
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            pass
+        except (OSError, ValueError):
+            self.abort()
+            return
+        if got and self.phase in (Phase.NEW, Phase.IDLE):  # a request's first byte starts its clock
+            self.host.enter(self, Phase.READING)
+        self._process()
+
+    def _process(self) -> None:
+        """Take the next request from the buffer, as far as it has arrived."""
+        limits = self.host.limits
+        if self.head is None:
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(self.buf) > MAX_HEAD:
+                    self._refuse(431)
+                return
+            try:
+                head = parse_head(bytes(self.buf[:end]))
+            except BadRequest as bad:
+                self._refuse(bad.status)
+                return
+            del self.buf[:end + 4]
+            if head.length > limits.max_body:
+                self.host.responder.refused(head, 413)
+                self._refuse(413)
+                return
+            self.head = head
+            if head.expects_continue and len(self.buf) < head.length:
+                self._send_now(CONTINUE)
+            if head.length >= limits.big_body:  # read it only once the big lane has room
+                self._watch(None)
+                self.task = self.host.loop.create_task(self._answer_big(head))
+                return
+        head = self.head
+        if len(self.buf) < head.length:
+            return
+        body = bytes(self.buf[:head.length])
+        del self.buf[:head.length]
+        if self.body is not None:  # the large-body task waits for it: nothing more is read until it is answered
+            self._watch(None)
+            self.body.set_result(body)
+            return
+        self.head = None
+        self.host.enter(self, Phase.BUSY)
+        # Answered before this callback returns, so nothing else is read meanwhile; an answer that cannot be
+        # written at once swaps the reader for a writer until it is out (`_flush`).
+        self._write(head, self.host.responder.answer(head, body))
+
+    async def _answer_big(self, head: Head) -> None:
+        """A large body: read it once the big lane has room, answer it off the loop (`handler`)."""
+        responder = self.host.responder
+        async with responder.big_lane:
+            self.body = self.host.loop.create_future()
+            self._watch(self._readable)
+            self._process()
+            body = await self.body
+            self.body = None
+            self.head = None
+            self.host.enter(self, Phase.BUSY)
+            reply = await responder.answer_big(head, body)
+        self.task = None
+        if not self.closed:
+            self._write(head, reply)
+
+    def has_unread(self) -> bool:
+        """Whether the client has sent bytes not read yet (an idle connection's next request, say)."""
+        if self.tls is not None and self.tls.pending():
+            return True
+        poll = select.poll()
+        poll.register(self.fd, select.POLLIN)
+        try:
+            return any(event & select.POLLIN for _, event in poll.poll(0))
+        except OSError:
+            return False
+
+    # --- writing -------------------------------------------------------------------------------------
+
+    def _write(self, head: Head, reply: Answer) -> None:
+        close = reply.close or not head.keep_alive or self.host.draining
+        self.close_after = close
+        self.out = memoryview(answer(reply.status, reply.body, close=close))
+        self.host.enter(self, Phase.WRITING)
+        self._flush()
+
+    def _refuse(self, status: int) -> None:
+        """A request that cannot be served: a fixed answer that echoes nothing, then the close."""
+        logger.debug("HTTP %d to a client", status)
+        self.head = None
+        self.buf.clear()
+        self._watch(None)
+        self.close_after = True
+        self.out = memoryview(error_answer(status))
+        self.host.enter(self, Phase.WRITING)
+        self._flush()
+
+    def _send_now(self, data: bytes) -> None:
+        """A short interim answer (100 Continue), sent at once or not at all."""
+        assert self.tls is not None
+        with contextlib.suppress(OSError, ValueError):
+            self.tls.send(data)
+
+    def _flush(self) -> None:
+        tls = self.tls
+        assert tls is not None
+        try:
+            while self.out:  # OpenSSL writes all of it, or asks to be called again with the same bytes
+                sent = tls.send(self.out)
+                self.out = self.out[sent:]
+        except ssl.SSLWantWriteError:
+            self._watch(None, self._flush)
+            return
+        except ssl.SSLWantReadError:
+            self._watch(self._flush)
+            return
+        except (OSError, ValueError):
+            self.abort()
+            return
+        self.out = None
+        if self.close_after:
+            self.close()
+            return
+        if self.buf:  # a pipelined request, already read: taken on the loop's next turn, not recursively here
+            self.host.enter(self, Phase.READING)
+            self._watch(None)
+            self.host.loop.call_soon(self._next)
+            return
+        self.host.enter(self, Phase.IDLE)
+        self._watch(self._readable)
+
+    def _next(self) -> None:
+        if not self.closed:
+            self._watch(self._readable)
+            self._process()
+
+    # --- closing -------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """A graceful close: TLS close_notify, so an HTTP client sees the close before it reuses the
+        connection, then the socket `close_grace` later (a hostile peer would never answer)."""
+        if self.closed:
+            return
+        self._stop()
+        if self.tls is None:
+            self._release()
+            return
+        with contextlib.suppress(OSError, ValueError):
+            self.tls.unwrap()  # sends close_notify; the peer's answer is not awaited
+        self.host.loop.call_later(self.host.limits.close_grace, self._release)
+
+    def abort(self) -> None:
+        """Close now, without a word: past a deadline, shed, or the client is gone."""
+        if self.closed:
+            return
+        self._stop()
+        self._release()
+
+    def _stop(self) -> None:
+        self.host.forget(self)
+        self._watch(None)
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+        self.task = None
+
+    def _release(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()

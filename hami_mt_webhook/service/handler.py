@@ -1,8 +1,8 @@
 """The HTTP handler: an AdmissionReview's bytes in, the answer out, with its metrics and log line.
 
 The rules are not here: each body goes straight to `admission.review`, the same code `review` and
-the tests use. What is here is what only a server has: the route, Content-Encoding, large bodies
-decoded off the event loop, a bug turned into an answer, counters and one log line per decision.
+the tests use. What is here is what only a server has: Content-Encoding, large bodies decoded off the
+event loop, a bug turned into an answer, counters and one log line per decision.
 """
 
 from __future__ import annotations
@@ -13,55 +13,88 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import aiohttp.web
 import orjson
-from aiohttp import hdrs
 
 from ..admission import enforcement, review
 from ..rules.decision import Decision
 from ..rules.text import clip, quote
-from .listener import GuardedHandler, Limits, Listener
+from . import logs
+from .connections import Limits
+from .http11 import Answer, Head
 from .state import State
 
 logger = logging.getLogger("hami_mt_webhook")
 
 
 class ReviewHandler:
-    """Answers POST /{webhook}. `listener` is set once it exists, so answers while draining close the connection."""
+    """Answers POST /{webhook}: small bodies on the event loop, large ones decoded in a thread."""
 
     def __init__(self, state: State, limits: Limits) -> None:
         self.state = state
         self.limits = limits
-        self.listener: Listener | None = None
-        self._big_lane = asyncio.Semaphore(limits.big_concurrency)
+        self.big_lane = asyncio.Semaphore(limits.big_concurrency)
         self._decoder = ThreadPoolExecutor(limits.big_concurrency, thread_name_prefix="decode")
 
     def close(self) -> None:
         self._decoder.shutdown(wait=False)
 
-    async def handle(self, request: aiohttp.web.Request) -> aiohttp.web.StreamResponse:
-        webhook = request.match_info["id"]
-        base = review.route(webhook, self.state.config)[0]
-        label = base if base in review.WEBHOOKS else "unknown"  # a label per random path would never end
+    def answer(self, head: Head, body: bytes) -> Answer:
+        """A review whose body has been read whole."""
         started = time.perf_counter()
+        refused = self._refuse_encoding(head)
+        if refused is not None:
+            return refused
         state = self.state
-        encoding = request.headers.get(hdrs.CONTENT_ENCODING, "identity").strip().lower()
-        if encoding not in ("", "identity"):  # the body is not read: a compressed review is refused whole
-            state.metrics.bad_requests.labels(label).inc()
-            response = aiohttp.web.json_response(
-                {"error": f"Content-Encoding {quote(encoding)} is not supported; send the review uncompressed"},
-                status=415)
-            response.force_close()
-            return response
         try:
-            reply = await self._answer(request, webhook)
-        except aiohttp.web.HTTPRequestEntityTooLarge:
-            state.metrics.bad_requests.labels(label).inc()
-            raise
+            reply = review.handle(body, head.webhook, state.view, state.config, state.quotas)
         except Exception:  # a bug in the rules must still give the API server an answer, not a 500 trace
+            logger.exception("review on /%s failed", head.webhook)
+            reply = FAILED
+        return self._done(head.webhook, reply, started)
+
+    async def answer_big(self, head: Head, body: bytes) -> Answer:
+        """A large review (`Limits.big_body`): decoding a few MiB of JSON takes tens of milliseconds, and on
+        the event loop it would delay every other connection and the probes."""
+        started = time.perf_counter()
+        refused = self._refuse_encoding(head)
+        if refused is not None:
+            return refused
+        state, webhook = self.state, head.webhook
+        try:
+            if review.route(webhook, state.config)[0] not in review.WEBHOOKS:
+                reply = review.handle_parsed({}, webhook, state.view, state.config, state.quotas)
+            else:
+                try:
+                    parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
+                except review.BadReview as err:
+                    reply = review.Reply(400, orjson.dumps({"error": str(err)}))
+                else:
+                    reply = review.handle_parsed(parsed, webhook, state.view, state.config, state.quotas)
+        except Exception:
             logger.exception("review on /%s failed", webhook)
-            reply = review.Reply(400, b'{"error":"the review could not be evaluated"}')
-        state.metrics.review(label, reply.request, reply.decision, time.perf_counter() - started)
+            reply = FAILED
+        return self._done(webhook, reply, started)
+
+    def refused(self, head: Head, status: int) -> None:
+        """A request the connection refused before its body was read (413: over `Limits.max_body`)."""
+        self.state.metrics.bad_requests.labels(self._label(head.webhook)).inc()
+
+    def _refuse_encoding(self, head: Head) -> Answer | None:
+        """A compressed review is refused whole (SPEC.md §6), and the connection closed."""
+        if head.encoding in ("", "identity"):
+            return None
+        self.refused(head, 415)
+        return Answer(415, orjson.dumps(
+            {"error": f"Content-Encoding {quote(head.encoding)} is not supported; send the review uncompressed"}),
+            close=True)
+
+    def _label(self, webhook: str) -> str:
+        base = review.route(webhook, self.state.config)[0]
+        return base if base in review.WEBHOOKS else "unknown"  # a label per random path would never end
+
+    def _done(self, webhook: str, reply: review.Reply, started: float) -> Answer:
+        """Count the review, log its decision, and hand back the answer."""
+        self.state.metrics.review(self._label(webhook), reply.request, reply.decision, time.perf_counter() - started)
         decision = reply.decision
         if decision is not None and (decision.changes or not decision.allowed or decision.would_deny) \
                 and logger.isEnabledFor(logging.INFO):
@@ -69,35 +102,11 @@ class ReviewHandler:
                 log_decision(webhook, reply.request or {}, decision)
             except Exception:  # a log line must never cost an answer
                 logger.exception("could not log a review on /%s", webhook)
-        response = aiohttp.web.Response(status=reply.status, body=reply.body, content_type="application/json")
-        if self.listener is not None and self.listener.draining:
-            response.force_close()  # Connection: close, so the client does not reuse a closing connection
-        return response
+        return Answer(reply.status, reply.body)
 
-    async def _answer(self, request: aiohttp.web.Request, webhook: str) -> review.Reply:
-        """Read and answer one review; a large body waits for the big lane and is decoded in a thread.
 
-        Decoding a few MiB of JSON takes tens of milliseconds; on the event loop it would delay every
-        other connection and the probes. Bodies of unknown length count as large.
-        """
-        state, protocol = self.state, request.protocol
-        length = request.content_length
-        if length is not None and length < self.limits.big_body:
-            body = await request.read()
-            if isinstance(protocol, GuardedHandler):
-                protocol.request_read()
-            return review.handle(body, webhook, state.view, state.config, state.quotas)
-        async with self._big_lane:
-            body = await request.read()
-            if isinstance(protocol, GuardedHandler):
-                protocol.request_read()
-            if review.route(webhook, state.config)[0] not in review.WEBHOOKS:
-                return review.handle_parsed({}, webhook, state.view, state.config, state.quotas)
-            try:
-                parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
-            except review.BadReview as err:
-                return review.Reply(400, orjson.dumps({"error": str(err)}))
-        return review.handle_parsed(parsed, webhook, state.view, state.config, state.quotas)
+#: The answer when the rules fail on a review: a bug, logged with its trace, never a 500 with one.
+FAILED = review.Reply(400, b'{"error":"the review could not be evaluated"}')
 
 
 def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> None:
@@ -110,13 +119,13 @@ def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> N
              "object": _clipped(meta.get("name") or meta.get("generateName")), "uid": _clipped(request.get("uid")),
              "dry_run": bool(request.get("dryRun"))}
     if not decision.allowed:
-        logger.info("denied: %s", decision.message, extra={**extra, "reason": decision.reason})
+        logs.decision(logger, f"denied: {decision.message}", {**extra, "reason": decision.reason})
         return
     if decision.would_deny:  # rollout mode: the denial that `deny` would have answered
         shown = [w for w in decision.warnings if w.startswith(enforcement.WOULD_DENY)]
-        logger.info("%s", "; ".join(shown), extra={**extra, "reason": ",".join(decision.would_deny)})
+        logs.decision(logger, "; ".join(shown), {**extra, "reason": ",".join(decision.would_deny)})
     if decision.changes:
-        logger.info("mutated: %s", ", ".join(decision.mutations), extra={**extra, "warnings": decision.warnings})
+        logs.decision(logger, f"mutated: {', '.join(decision.mutations)}", {**extra, "warnings": decision.warnings})
 
 
 def _mapping(value: Any) -> dict[str, Any]:

@@ -1,9 +1,8 @@
 """The HTTPS listener: every connection is bounded from accept to close, and drained on shutdown.
 
 The webhook fails closed, so a client that can tie up the listener can stop GPU pods cluster-wide.
-The listener therefore accepts connections itself and hands each socket to the TLS layer
-(`loop.connect_accepted_socket`): a connection is counted and timed from the moment it is accepted,
-not from when aiohttp first sees it after the handshake.
+The listener therefore accepts connections itself: a connection is counted and timed from the moment
+it is accepted, not from when its TLS handshake starts.
 Each connection is in one phase at a time, and each phase has a deadline:
 
     silent     accepted, nothing received yet               handshake_timeout
@@ -17,9 +16,9 @@ Each connection is in one phase at a time, and each phase has a deadline:
 A connection past its deadline is aborted (no graceful TLS close, which a hostile peer would never
 answer), except a kept-alive one: it gets a TLS close_notify first, so that an HTTP client sees the
 close before it reuses the connection, and is aborted `close_grace` later; if its next request is
-already waiting unread in the socket (the loop was busy), it is read instead. The TLS machinery (buffers,
-an SSL object) is set up only once a client sends its first byte, so a silent connection costs a
-socket.
+already waiting unread in the socket (the loop was busy), it is read instead. The TLS machinery (an SSL
+object and its buffers) is set up only once a client sends its first byte, so a silent connection costs
+a socket.
 
 At `max_connections` a new connection makes room rather than being refused, idle connections first
 (as Go's http.Server and nginx shed idle connections): the oldest one silent for a second (a real
@@ -31,47 +30,48 @@ reader, not the oldest connection. A caller that connected last is the last to g
 request is being answered are never closed to make room; only when every connection is busy is a new
 one refused.
 
-aiohttp still parses HTTP (`GuardedHandler`); on shutdown the listener stops accepting, answers what
-arrives on open connections with `Connection: close` for up to `drain_seconds`, then waits for
-in-flight requests and closes the rest.
+Each connection moves its own bytes (`connections.Conn`: TLS on the socket, HTTP/1.1 from `http11`);
+on shutdown the listener stops accepting, answers what arrives on open connections with
+`Connection: close` for up to `drain_seconds`, then waits for in-flight requests and closes the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import socket
 import ssl
 from collections import Counter
 from collections.abc import Callable
 
-import aiohttp.web
-
-from .connections import SHED_ORDER, SILENT_GRACE, Conn, GuardedHandler, Limits, Phase
+from .connections import SHED_ORDER, SILENT_GRACE, Conn, Limits, Phase, Responder
 
 logger = logging.getLogger("hami_mt_webhook")
 
 #: How long past its idle deadline a kept-alive connection with unread bytes is left to be read.
 REQUEST_WAITING_GRACE = 1.0
 
+#: Connections open at once that make a burst worth trimming the heap after (kube-apiserver keeps a few dozen).
+TRIM_AFTER = 256
 
-def _bytes_waiting(sock: socket.socket) -> bool:
-    """Whether the client has sent bytes the loop has not read yet (b"" is its close: nothing to keep)."""
+
+def trim_heap() -> bool:
+    """glibc's malloc_trim(0): return free heap memory to the system; False where there is no glibc."""
     try:
-        return bool(sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT))
-    except OSError:  # BlockingIOError: nothing waiting; any other error: the connection is gone
+        libc = ctypes.CDLL(None)
+        return bool(libc.malloc_trim(0))
+    except (OSError, AttributeError):
         return False
 
 
-
 class Listener:
-    """An aiohttp application served over TLS with `Limits`, started and drained explicitly."""
+    """The webhook's HTTPS port: `responder` answers each request, `Limits` bound every connection."""
 
-    def __init__(self, app: aiohttp.web.Application, host: str, port: int, context: ssl.SSLContext,
+    def __init__(self, responder: Responder, host: str, port: int, context: ssl.SSLContext,
                  limits: Limits, on_close: Callable[[str], None] | None = None) -> None:
-        self.app, self.host, self.port, self.context, self.limits = app, host, port, context, limits
-        self.runner = aiohttp.web.AppRunner(app, access_log=None)
+        self.responder, self.host, self.port, self.context, self.limits = responder, host, port, context, limits
         self.loop = asyncio.get_running_loop()
         self.sock: socket.socket | None = None  # the listening socket
         self.draining = False
@@ -84,6 +84,7 @@ class Listener:
                           Phase.READING: limits.request_timeout, Phase.BUSY: limits.request_timeout,
                           Phase.WRITING: limits.write_timeout}
         self._sweeper: asyncio.Task[None] | None = None
+        self._high = 0  # the most connections open since the heap was last trimmed
 
     @property
     def refused(self) -> int:
@@ -106,7 +107,6 @@ class Listener:
     async def start(self) -> None:
         """Listen; connections are accepted here, not by the event loop's server, so that each one is
         counted and timed before its TLS handshake starts."""
-        await self.runner.setup()
         family = socket.getaddrinfo(self.host or None, self.port, type=socket.SOCK_STREAM,
                                     flags=socket.AI_PASSIVE)[0][0]
         self.sock = socket.create_server((self.host, self.port), family=family, backlog=1024)
@@ -136,51 +136,28 @@ class Listener:
             sock.close()
             return
         sock.setblocking(False)
-        conn = Conn(sock, self.loop.time())
+        with contextlib.suppress(OSError):  # an answer goes out whole, at once
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = Conn(sock, self, self.loop.time())
         self._count += 1
-        self._enter(conn, Phase.SILENT)
-        conn.waiting = True
-        self.loop.add_reader(sock.fileno(), self._first_byte, conn)
+        self.enter(conn, Phase.SILENT)
+        conn.start()
 
-    def _first_byte(self, conn: Conn) -> None:
-        """The client sent something (or closed): now the TLS layer takes the socket."""
-        self.loop.remove_reader(conn.sock.fileno())
-        conn.waiting = False
-        if not conn.closed:
-            handshakes = self._phases[Phase.HANDSHAKE]
-            if len(handshakes) >= self.limits.max_handshakes:  # bounded memory: the oldest gives way
-                self._close(next(iter(handshakes)), "shed-handshake")
-            self._enter(conn, Phase.HANDSHAKE)
-            conn.task = self.loop.create_task(self._handshake(conn))
+    def handshaking(self, conn: Conn) -> None:
+        """The client sent its first byte: TLS starts, and handshakes under way stay bounded."""
+        handshakes = self._phases[Phase.HANDSHAKE]
+        if len(handshakes) >= self.limits.max_handshakes:  # bounded memory: the oldest gives way
+            self._close(next(iter(handshakes)), "shed-handshake")
+        self.enter(conn, Phase.HANDSHAKE)
 
-    async def _handshake(self, conn: Conn) -> None:
-        def handler() -> GuardedHandler:
-            conn.handler = GuardedHandler(self, conn, keepalive_timeout=self.limits.idle_timeout * 4,
-                                          access_log=None, auto_decompress=False, lingering_time=1.0)
-            return conn.handler
-
-        try:
-            await self.loop.connect_accepted_socket(handler, conn.sock, ssl=self.context,
-                                                    ssl_handshake_timeout=self.limits.handshake_timeout + 1.0,
-                                                    ssl_shutdown_timeout=self.limits.close_grace)
-        except asyncio.CancelledError:  # shed, past its deadline, or the listener stops
-            self._forget(conn)
-        except Exception as err:  # a failed handshake: nothing to answer
-            logger.debug("TLS handshake failed: %s", type(err).__name__)
-            self._forget(conn)
-            with contextlib.suppress(OSError):
-                conn.sock.close()
-        finally:
-            conn.task = None
-
-    def _enter(self, conn: Conn, phase: Phase) -> None:
+    def enter(self, conn: Conn, phase: Phase) -> None:
         if conn.closed:
             return
         self._phases[conn.phase].pop(conn, None)
         conn.phase, conn.since = phase, self.loop.time()
         self._phases[phase][conn] = None
 
-    def _forget(self, conn: Conn) -> None:
+    def forget(self, conn: Conn) -> None:
         """The connection is gone (closed by either side)."""
         if not conn.closed:
             conn.closed = True
@@ -191,21 +168,10 @@ class Listener:
         """Close the connection now; only a kept-alive one gets a TLS close_notify, and `close_grace`."""
         if reason is not None and not conn.closed:
             self._note(reason)
-        self._forget(conn)
-        if conn.tls is not None:
-            if conn.phase is Phase.IDLE:  # a client's pool should see the close: close_notify, then abort
-                conn.tls.close()
-                self.loop.call_later(self.limits.close_grace, conn.tls.abort)
-            else:
-                conn.tls.abort()
-        elif conn.task is not None:  # mid-handshake: cancelling aborts the transport
-            conn.task.cancel()
+        if conn.phase is Phase.IDLE:
+            conn.close()
         else:
-            if conn.waiting:
-                conn.waiting = False
-                self.loop.remove_reader(conn.sock.fileno())
-            with contextlib.suppress(OSError):
-                conn.sock.close()
+            conn.abort()
 
     def _note(self, reason: str) -> None:
         self.closed[reason] += 1
@@ -235,6 +201,15 @@ class Listener:
         while True:
             await asyncio.sleep(interval)
             self._expire(self.loop.time())
+            self._give_back()
+
+    def _give_back(self) -> None:
+        """After a burst of connections (a handshake flood, say), hand the memory their TLS state held back
+        to the system: glibc keeps freed memory in its arenas, so the process would stay at its peak."""
+        self._high = max(self._high, self._count)
+        if self._high >= TRIM_AFTER and self._count <= self._high // 4:
+            self._high = self._count
+            trim_heap()
 
     def _expire(self, now: float) -> None:
         """Close connections past their phase's deadline; each phase's connections are in order of entry.
@@ -251,7 +226,7 @@ class Listener:
                 waited = now - conn.since
                 if waited < limit:
                     break
-                if phase is Phase.IDLE and waited < limit + REQUEST_WAITING_GRACE and _bytes_waiting(conn.sock):
+                if phase is Phase.IDLE and waited < limit + REQUEST_WAITING_GRACE and conn.has_unread():
                     break  # the read comes first; the connections behind it wait for the next sweep
                 self._close(conn, f"deadline-{phase.value}")
 
@@ -264,18 +239,24 @@ class Listener:
             self.sock.close()
             self.sock = None
         self.draining = True
-        for conn in list(self._phases[Phase.HANDSHAKE]):
-            self._close(conn, None)
+        for phase in (Phase.SILENT, Phase.HANDSHAKE):
+            for conn in list(self._phases[phase]):
+                self._close(conn, None)
+        # What arrives on open connections is still answered, with Connection: close, for a while ...
         deadline = self.loop.time() + self.limits.drain_seconds
-        while self.runner.server is not None and self.runner.server.connections and self.loop.time() < deadline:
+        while self._count and self.loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self.runner.server is not None:
-            await self.runner.server.shutdown(self.limits.shutdown_timeout)
-        for phase in self._phases.values():
-            for conn in list(phase):
+        # ... then connections waiting for a request go, and those answering one get a last moment.
+        for phase in (Phase.NEW, Phase.IDLE):
+            for conn in list(self._phases[phase]):
+                self._close(conn, None)
+        deadline = self.loop.time() + self.limits.shutdown_timeout
+        while self._count and self.loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        for conns in self._phases.values():
+            for conn in list(conns):
                 self._close(conn, None)
         if self._sweeper is not None:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
-        await self.runner.cleanup()

@@ -16,7 +16,6 @@ import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import aiohttp.web
 import kopf
 
 from .handler import ReviewHandler
@@ -45,14 +44,10 @@ class AdmissionServer:
     async def __call__(self, fn: kopf.WebhookFn | None = None) -> AsyncIterator[kopf.WebhookClientConfig]:
         """Serve until cancelled; yields the client config once, as kopf's protocol asks."""
         context = self.certificates.load()
-        handler = ReviewHandler(self.state, self.limits)
-        app = aiohttp.web.Application(client_max_size=self.limits.max_body)
-        # /<id>, and /warn/<id> for the namespaces in rollout mode (SPEC.md §4.10)
-        app.router.add_post(r"/{id:(warn/)?[^/]+}", handler.handle)
+        handler = ReviewHandler(self.state, self.limits)  # /<id>, and /warn/<id> in rollout mode (SPEC.md §4.10)
         metrics = self.state.metrics
-        self.listener = listener = Listener(app, self.addr or "0.0.0.0", self.port or 0, context, self.limits,
+        self.listener = listener = Listener(handler, self.addr or "0.0.0.0", self.port or 0, context, self.limits,
                                             on_close=metrics.connection_closed)
-        handler.listener = listener
         metrics.connections.set_function(lambda: listener.connections)
         await listener.start()
         try:

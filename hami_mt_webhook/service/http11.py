@@ -1,0 +1,164 @@
+"""HTTP/1.1 for one POST route, as pure functions: a request head in, an answer's bytes out.
+
+The webhook port serves kube-apiserver's POSTs of AdmissionReviews and nothing else, so the protocol
+is the small part of HTTP/1.1 those need: a request line, headers, a body of known length, keep-alive.
+Everything else gets a fixed answer that never echoes what the client sent: a malformed head 400, a
+body without Content-Length 411, one over the limit 413, another method 405, another path 404.
+`connections` feeds bytes in; nothing here touches a socket.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from email.utils import formatdate
+from http import HTTPStatus
+from urllib.parse import unquote
+
+#: The `Server:` header: the name only, never a library or version.
+SERVER_NAME = "hami-mt-webhook"
+
+#: A request head longer than this, or with more header lines, is refused (Go's client sends about 250 bytes).
+MAX_HEAD = 16 * 1024
+MAX_HEADERS = 100
+
+_CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_ROUTE = re.compile(r"/((?:warn/)?[^/]+)")
+
+
+class BadRequest(Exception):
+    """The request cannot be answered normally; `status` is the fixed answer, and the connection closes."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """What the server needs of a request head."""
+
+    webhook: str  # the path without its leading slash: "mutate-pods", "warn/validate-pods"
+    length: int
+    encoding: str  # Content-Encoding, lower case; "" when absent
+    keep_alive: bool
+    expects_continue: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a handler answers: a status and a JSON body; `close` ends the connection after it."""
+
+    status: int
+    body: bytes
+    close: bool = False
+
+
+def parse_head(head: bytes) -> Head:
+    """Read a request head (the bytes before the blank line); raises BadRequest.
+
+    One regex pass checks every header line (a token, a colon, visible characters), then the few
+    headers the server reads are found by name: cheaper than a dict of every header, and a review's
+    head is parsed on every request."""
+    line_end = head.find(b"\r\n")
+    request_line = head if line_end < 0 else head[:line_end]
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or _CTL.search(request_line):
+        raise BadRequest(400)
+    method, target, version = parts
+    if version not in (b"HTTP/1.1", b"HTTP/1.0"):
+        raise BadRequest(505 if version.startswith(b"HTTP/") else 400)
+    if line_end >= 0:
+        if head.count(b"\r\n") > MAX_HEADERS:
+            raise BadRequest(431)
+        if not _HEADER_LINES.fullmatch(head + b"\r\n", line_end + 2):  # the head ends without its last CRLF
+            raise BadRequest(400)
+    lower = head.lower()
+    if lower.count(b"\r\ncontent-length:") > 1:
+        raise BadRequest(400)  # two lengths: a smuggling attempt, never a real client
+    webhook = _route(target)
+    if method != b"POST":
+        raise BadRequest(405)
+    if b"\r\ntransfer-encoding:" in lower:
+        raise BadRequest(411)
+    raw = _header(lower, b"content-length")
+    if raw is None or not raw.isdigit() or len(raw) > 12:
+        raise BadRequest(411 if raw is None else 400)
+    connection = _header(lower, b"connection") or b""
+    keep_alive = b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
+    encoding = (_header(lower, b"content-encoding") or b"").decode("latin-1")
+    return Head(webhook=webhook, length=int(raw), encoding=encoding, keep_alive=keep_alive,
+                expects_continue=_header(lower, b"expect") == b"100-continue")
+
+
+#: Header lines: a token, a colon, then visible characters, spaces and tabs (no control characters).
+_HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
+
+
+def _header(lower: bytes, name: bytes) -> bytes | None:
+    """The value of header `name` in a lower-cased head, without surrounding blanks; None when absent."""
+    key = b"\r\n" + name + b":"
+    at = lower.find(key)
+    if at < 0:
+        return None
+    start = at + len(key)
+    end = lower.find(b"\r\n", start)
+    return lower[start:end if end >= 0 else len(lower)].strip(b" \t")
+
+
+def _route(target: bytes) -> str:
+    """The webhook a target names (/<id> or /warn/<id>, any query string ignored); 404 for anything else."""
+    path = target.partition(b"?")[0].decode("latin-1")
+    if "%" in path:
+        path = unquote(path, encoding="latin-1")
+    match = _ROUTE.fullmatch(path)
+    if match is None:
+        raise BadRequest(404)
+    return match.group(1)
+
+
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+def answer(status: int, body: bytes, *, close: bool, content_type: bytes = b"application/json") -> bytes:
+    """A whole response: status line, headers and body, in one buffer (one TLS write)."""
+    return b"".join((
+        _STATUS.get(status) or _status_line(status),
+        b"Server: " + SERVER_NAME.encode() + b"\r\nContent-Type: ", content_type,
+        b"\r\nContent-Length: ", str(len(body)).encode(), b"\r\nDate: ", _date(),
+        b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n", body))
+
+
+def error_answer(status: int) -> bytes:
+    """The fixed answer to a request that cannot be served: status and phrase only, and the connection closes."""
+    phrase = _phrase(status)
+    extra = b"Allow: POST\r\n" if status == 405 else b""
+    body = f"{status} {phrase}\n".encode()
+    return b"".join((_status_line(status), b"Server: ", SERVER_NAME.encode(), b"\r\n", extra,
+                     b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: ", str(len(body)).encode(),
+                     b"\r\nDate: ", _date(), b"\r\nConnection: close\r\n\r\n", body))
+
+
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+def _status_line(status: int) -> bytes:
+    return f"HTTP/1.1 {status} {_phrase(status)}\r\n".encode()
+
+
+_STATUS = {s: _status_line(s) for s in (200, 400, 404, 415, 500)}
+_DATE: list[object] = [0, b""]  # [the second, its IMF-fixdate]: formatted once a second, not per answer
+
+
+def _date() -> bytes:
+    now = int(time.time())
+    if _DATE[0] != now:
+        _DATE[0], _DATE[1] = now, formatdate(now, usegmt=True).encode()
+    date = _DATE[1]
+    assert isinstance(date, bytes)
+    return date
