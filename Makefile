@@ -5,10 +5,10 @@ PYTHON ?= python3
 
 .PHONY: setup run test test-unit test-e2e lint bench wrk controlplane certs clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	HAMI_MT_PURE_PYTHON=1 $(PY) -m pip install -q -e '.[test]'  # the rules stay .py here (setup.py)
 	touch $@
 
 setup: $(VENV)/.installed

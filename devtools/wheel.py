@@ -43,8 +43,8 @@ class Installed:
         return self.root / "bin" / "hami-mt-webhook"
 
 
-#: What the Dockerfile copies before `pip install .`: the wheel is built from these alone.
-SOURCES = ("pyproject.toml", "README.md", "hami_mt_webhook")
+#: What the Dockerfile copies before `pip wheel .`: the wheel is built from these alone.
+SOURCES = ("pyproject.toml", "setup.py", "README.md", "hami_mt_webhook")
 
 
 def build(dest: Path) -> Path:
@@ -82,7 +82,7 @@ def install(dest: Path) -> Installed:
 def source_key() -> str:
     """A digest of everything the wheel is built from (the package, pyproject.toml, README) and the Python."""
     h = hashlib.sha256(sys.version.encode())
-    files = [ROOT / "pyproject.toml", ROOT / "README.md",
+    files = [ROOT / "pyproject.toml", ROOT / "setup.py", ROOT / "README.md",
              *sorted(p for p in (ROOT / "hami_mt_webhook").rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
     for path in files:
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")

@@ -76,6 +76,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--hops-rounds", type=int, default=4, help="part hops: rounds, --pods split over them [4]")
     p.add_argument("--before", metavar="REV",
                    help="part http: also serve the webhook of this git revision (a worktree), before beside after")
+    p.add_argument("--pure", action="store_true",
+                   help="part http: serve the webhook from this checkout's sources, not from the built wheel "
+                        "(whose rules are compiled)")
     p.add_argument("--profile", action="store_true",
                    help="add cProfiles: of review.handle over the mix (part 2) and of the server under load (part 1)")
     p.add_argument("--write", type=Path, metavar="FILE", help="also write the report as Markdown (docs/PERFORMANCE.md)")

@@ -19,7 +19,7 @@ import orjson
 
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, stats_lines, table
-from devtools.bench.servers import Pinning, Server, drop_worktree, worktree
+from devtools.bench.servers import Pinning, Server, drop_worktree, installed_tree, worktree
 from devtools.bench.workload import DESCRIBE, EXPECT, KINDS, PATH, bodies
 from hami_mt_webhook.service import certs
 
@@ -165,9 +165,11 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     servers: dict[str, Server] = {}
     results: list[Load] = []
     before = worktree(opts.before, workdir) if opts.before else None
+    tree = REPO_ROOT if opts.pure else installed_tree(workdir)
     try:
         for kind in ("webhook", "baseline"):
-            servers[kind] = Server(kind, layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level)
+            servers[kind] = Server(kind, layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level,
+                                   tree=tree if kind == "webhook" else REPO_ROOT)
         if before is not None:  # the same harness, the same run: a lever's before and after
             name = f"webhook@{opts.before}"
             servers[name] = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level,
@@ -201,7 +203,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             s.stop()
         if opts.profile:  # a separate run: cProfile slows the server, so it never touches the figures above
             stats = workdir / "webhook.pstats"
-            profiled = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level, stats)
+            profiled = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level, stats,
+                              tree=tree)
             try:
                 measure_url = profiled.url
                 if use_wrk:
@@ -224,7 +227,9 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         f"(1 card of 96), 11 labels each. Both servers: asyncio, TLS from "
         "`tls.tls_context` (TLS 1.3, ECDHE + AES-GCM), HTTP/1.1 keep-alive, no access log, one process. The "
         "webhook is `server.AdmissionServer` as `serve` runs it (its listener with the default limits, metrics, "
-        f"`review.handle`), logging at `{opts.log_level}` (JSON lines to a file, as `serve` does to stderr); the "
+        f"`review.handle`), logging at `{opts.log_level}` (JSON lines to a file, as `serve` does to stderr), "
+        + ("from this checkout's sources (`--pure`: the rules not compiled)" if opts.pure else
+           "from the wheel as users install it (the rules compiled with mypyc)") + "; the "
         "baseline is a plain aiohttp `TCPSite` that reads the body and returns a constant allowed AdmissionReview.",
         "",
         f"Load: {tool_note}. {pin.note}. {opts.duration:g} s per point, after a 1 s warm-up per server; "

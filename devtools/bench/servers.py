@@ -61,6 +61,25 @@ def worktree(rev: str, workdir: Path) -> Path:
     return path
 
 
+def installed_tree(workdir: Path) -> Path:
+    """The webhook as users install it, to serve from: the wheel's package (its rules compiled, setup.py) beside
+    this checkout's `devtools`. The checkout itself is installed pure for development (`make setup`)."""
+    from devtools import wheel
+
+    done = wheel.install_cached()
+    probe = subprocess.run([str(done.python), "-c", "import hami_mt_webhook, sys; print(hami_mt_webhook.__file__)"],
+                           capture_output=True, text=True, check=True, cwd="/")
+    site = Path(probe.stdout.strip()).parents[1]
+    tree = workdir / "installed"
+    shutil.rmtree(tree, ignore_errors=True)
+    tree.mkdir(parents=True)
+    shutil.copytree(REPO_ROOT / "devtools", tree / "devtools", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(site / "hami_mt_webhook", tree / "hami_mt_webhook", ignore=shutil.ignore_patterns("__pycache__"))
+    for lib in site.glob("hami_mt_webhook__mypyc.*"):
+        shutil.copy2(lib, tree / lib.name)
+    return tree
+
+
 def drop_worktree(path: Path) -> None:
     subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, capture_output=True)
 

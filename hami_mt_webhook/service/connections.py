@@ -55,6 +55,10 @@ class Limits:
 
 
 class Phase(enum.Enum):
+    # Members are compared by identity, so they may hash by it: Enum's own __hash__ runs Python code, and
+    # the listener hashes a phase on every change of it (four per request).
+    __hash__ = object.__hash__
+
     SILENT = "silent"
     HANDSHAKE = "handshake"
     NEW = "new"

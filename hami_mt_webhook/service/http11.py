@@ -58,9 +58,9 @@ class Answer:
 def parse_head(head: bytes) -> Head:
     """Read a request head (the bytes before the blank line); raises BadRequest.
 
-    One regex pass checks every header line (a token, a colon, visible characters), then the few
-    headers the server reads are found by name: cheaper than a dict of every header, and a review's
-    head is parsed on every request."""
+    One regex pass checks every header line (a token, a colon, visible characters), and one more finds
+    the few headers the server reads: cheaper than a dict of every header, and a review's head is parsed
+    on every request."""
     line_end = head.find(b"\r\n")
     request_line = head if line_end < 0 else head[:line_end]
     parts = request_line.split(b" ")
@@ -74,37 +74,32 @@ def parse_head(head: bytes) -> Head:
             raise BadRequest(431)
         if not _HEADER_LINES.fullmatch(head + b"\r\n", line_end + 2):  # the head ends without its last CRLF
             raise BadRequest(400)
-    lower = head.lower()
-    if lower.count(b"\r\ncontent-length:") > 1:
-        raise BadRequest(400)  # two lengths: a smuggling attempt, never a real client
+    found: dict[bytes, bytes] = {}
+    for name, value in _WANTED.findall(head.lower()):
+        if name in found and name in (b"content-length", b"transfer-encoding"):
+            raise BadRequest(400)  # two lengths: a smuggling attempt, never a real client
+        found[name] = value
     webhook = _route(target)
     if method != b"POST":
         raise BadRequest(405)
-    if b"\r\ntransfer-encoding:" in lower:
+    if b"transfer-encoding" in found:
         raise BadRequest(411)
-    raw = _header(lower, b"content-length")
+    raw = found.get(b"content-length")
     if raw is None or not raw.isdigit() or len(raw) > 12:
         raise BadRequest(411 if raw is None else 400)
-    connection = _header(lower, b"connection") or b""
+    connection = found.get(b"connection", b"")
     keep_alive = b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
-    encoding = (_header(lower, b"content-encoding") or b"").decode("latin-1")
-    return Head(webhook=webhook, length=int(raw), encoding=encoding, keep_alive=keep_alive,
-                expects_continue=_header(lower, b"expect") == b"100-continue")
+    return Head(webhook=webhook, length=int(raw), encoding=found.get(b"content-encoding", b"").decode("latin-1"),
+                keep_alive=keep_alive, expects_continue=found.get(b"expect") == b"100-continue")
+
+
+#: The headers the server reads, found in one pass over the lower-cased head; values without blanks around.
+_WANTED = re.compile(rb"\r\n(content-length|transfer-encoding|connection|content-encoding|expect):[ \t]*"
+                     rb"([^\r]*?)[ \t]*(?=\r\n|$)")
 
 
 #: Header lines: a token, a colon, then visible characters, spaces and tabs (no control characters).
 _HEADER_LINES = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")
-
-
-def _header(lower: bytes, name: bytes) -> bytes | None:
-    """The value of header `name` in a lower-cased head, without surrounding blanks; None when absent."""
-    key = b"\r\n" + name + b":"
-    at = lower.find(key)
-    if at < 0:
-        return None
-    start = at + len(key)
-    end = lower.find(b"\r\n", start)
-    return lower[start:end if end >= 0 else len(lower)].strip(b" \t")
 
 
 def _route(target: bytes) -> str:

@@ -4,7 +4,9 @@ subcommand it ships run from there. The rest of the e2e tier runs `serve` from t
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -24,7 +26,9 @@ def run(installed: Installed, *args: str, cwd: Path, stdin: str | None = None) -
 def test_the_wheel_is_the_package_alone(installed: Installed) -> None:
     names = wheel.contents(installed.wheel)
     tops = {name.split("/")[0] for name in names}
-    assert {t for t in tops if not t.endswith(".dist-info")} == {"hami_mt_webhook"}
+    runtime = {t for t in tops if t.startswith("hami_mt_webhook__mypyc.")}  # the compiled rules' shared library
+    assert len(runtime) == 1 and next(iter(runtime)).endswith(".so")
+    assert {t for t in tops - runtime if not t.endswith(".dist-info")} == {"hami_mt_webhook"}
     assert "hami_mt_webhook/admission/data/webhooks.yaml" in names
     # Exactly the tree's modules: none missing, and none left over from an earlier build.
     tree = {str(p.relative_to(ROOT)) for p in (ROOT / "hami_mt_webhook").rglob("*.py") if "__pycache__" not in p.parts}
@@ -87,3 +91,23 @@ def test_review_checks_the_examples_as_the_source_tree_does(installed: Installed
     piped = run(installed, "review", "-f", "-", "-o", "json", cwd=tmp_path,
                 stdin=(EXAMPLES / "mixed-denied-pod.yaml").read_text())
     assert piped.returncode == 1 and json.loads(piped.stdout)["allowed"] is False
+
+
+def test_the_rules_are_compiled_and_the_unit_tiers_pass_on_them(installed: Installed, tmp_path: Path) -> None:
+    """The wheel's rules are mypyc modules (setup.py); the rules, admission and CLI tiers, hypothesis properties
+    and fuzzing included, run here against those compiled modules, so compiled and pure Python cannot differ."""
+    probe = subprocess.run([str(installed.python), "-c", "import hami_mt_webhook.rules.pods as p; print(p.__file__)"],
+                           capture_output=True, text=True, cwd="/", timeout=60)
+    assert probe.returncode == 0 and probe.stdout.strip().endswith(".so"), probe.stdout + probe.stderr
+    site = Path(probe.stdout.strip()).parents[2]
+    copy = tmp_path / "tree"
+    for name in ("tests", "devtools", "examples", "docs", "manifests", "charts", "README.md", "pyproject.toml"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, copy / name)
+    shutil.copytree(site / "hami_mt_webhook", copy / "hami_mt_webhook", ignore=shutil.ignore_patterns("__pycache__"))
+    for lib in site.glob("hami_mt_webhook__mypyc.*.so"):
+        shutil.copy2(lib, copy / lib.name)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not e2e",
+                           "tests/rules", "tests/admission", "tests/cli"],
+                          capture_output=True, text=True, cwd=copy, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert " passed" in done.stdout.splitlines()[-1]

@@ -29,3 +29,18 @@ def test_results_mutations_and_denials_are_counted():
     assert 'hami_mt_webhook_denials_total{reason="mixing",webhook="validate-pods"} 1.0' in text
     assert 'hami_mt_webhook_bad_requests_total{webhook="mutate-pods"} 1.0' in text
     assert 'hami_mt_webhook_review_duration_seconds_count{webhook="mutate-pods"} 1.0' in text
+
+
+def test_the_duration_histogram_is_cumulative_with_inclusive_bounds():
+    m = Metrics()
+    for seconds in (0.0001, 0.0003, 0.0003, 2.0):  # on a bound, between two, past the last
+        m.review("mutate-pods", {"operation": "CREATE"}, Decision(), seconds)
+    sample = m.registry.get_sample_value
+    bucket = "hami_mt_webhook_review_duration_seconds_bucket"
+    assert sample(bucket, {"webhook": "mutate-pods", "le": "0.0001"}) == 1
+    assert sample(bucket, {"webhook": "mutate-pods", "le": "0.00025"}) == 1
+    assert sample(bucket, {"webhook": "mutate-pods", "le": "0.0005"}) == 3
+    assert sample(bucket, {"webhook": "mutate-pods", "le": "1.0"}) == 3
+    assert sample(bucket, {"webhook": "mutate-pods", "le": "+Inf"}) == 4
+    assert sample("hami_mt_webhook_review_duration_seconds_count", {"webhook": "mutate-pods"}) == 4
+    assert abs(sample("hami_mt_webhook_review_duration_seconds_sum", {"webhook": "mutate-pods"}) - 2.0007) < 1e-9

@@ -1,0 +1,24 @@
+"""The build: pyproject.toml holds the metadata; this compiles the rules (`hami_mt_webhook/rules`) with mypyc.
+
+The rules are pure, strictly typed Python, and a review spends most of its time in them; compiled, a review
+costs about half (docs/PERFORMANCE.md, "The rules, compiled"). The wheel and the image are built this way.
+`HAMI_MT_PURE_PYTHON=1` builds without compiling: `make setup` installs the development checkout so, where an
+edited rule must take effect at once and a compiled module left from before would hide it.
+"""
+
+import os
+from pathlib import Path
+
+from setuptools import setup
+
+ext_modules = []
+if os.environ.get("HAMI_MT_PURE_PYTHON") != "1":
+    from mypyc.build import mypycify
+
+    rules = sorted(str(p) for p in Path("hami_mt_webhook", "rules").glob("*.py"))
+    # The build environment holds the build requirements only: the rules' one outside import (orjson)
+    # is typed as Any there, as it is at run time through its own stubs.
+    # One shared library for the group, at the top of the wheel: hami_mt_webhook__mypyc.
+    ext_modules = mypycify(["--ignore-missing-imports", *rules], opt_level="3", group_name="hami_mt_webhook")
+
+setup(ext_modules=ext_modules)
