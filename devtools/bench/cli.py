@@ -1,7 +1,7 @@
 """Benchmark: the webhook beside a bare aiohttp TLS server, the rules in process, the node index,
 and the webhook as kube-apiserver measures it.
 
-    python -m devtools.bench                          # all four parts, 10 s per load point
+    python -m devtools.bench                          # every part, 10 s per load point
     python -m devtools.bench --quick --skip-apiserver # 2 s per point, no control plane
     python -m devtools.bench --write docs/PERFORMANCE.md
 
@@ -19,6 +19,7 @@ Parts (`--parts`):
              large reviews, odd bodies): what a fresh caller and the probes see while each is held
   scale      the whole process on 1,000 / 5,000 / 10,000 real-sized nodes: start-up, memory, churn, restarts
   hops       floor, shipped and forced-validating configurations interleaved through kube-apiserver
+  soak       the webhook's memory over minutes of steady reviews (10 by default)
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ PARTS = {
     "hostile": "devtools.bench.hostile",
     "scale": "devtools.bench.scale",
     "hops": "devtools.bench.hops",
+    "soak": "devtools.bench.soak",
 }
 
 
@@ -74,11 +76,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                    help="part scale: seconds of churn (600 for the 10-minute memory figure) [60]")
     p.add_argument("--hostile-reviews", type=int, default=20, help="fresh reviews per attack in part 5 [20]")
     p.add_argument("--hops-rounds", type=int, default=4, help="part hops: rounds, --pods split over them [4]")
+    p.add_argument("--soak-minutes", type=int, default=10, help="part soak: minutes of load [10]")
+    p.add_argument("--soak-connections", type=int, default=16, help="part soak: wrk connections [16]")
     p.add_argument("--before", metavar="REV",
                    help="part http: also serve the webhook of this git revision (a worktree), before beside after")
     p.add_argument("--pure", action="store_true",
-                   help="part http: serve the webhook from this checkout's sources, not from the built wheel "
-                        "(whose rules are compiled)")
+                   help="serve the webhook from this checkout's sources, not from the built wheel (whose rules "
+                        "are compiled); every part")
     p.add_argument("--profile", action="store_true",
                    help="add cProfiles: of review.handle over the mix (part 2) and of the server under load (part 1)")
     p.add_argument("--write", type=Path, metavar="FILE", help="also write the report as Markdown (docs/PERFORMANCE.md)")
@@ -107,6 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return internal(argv)
     opts = parse_args(argv)
+    if not opts.pure:  # `serve` as users run it: the wheel's command, its rules compiled (setup.py)
+        from devtools import wheel
+        from devtools.local import LocalWebhook
+
+        LocalWebhook.command_prefix = (str(wheel.install_cached().exe),)
     started, load_start = dt.datetime.now(dt.UTC), report.loadavg()
     print(f"hami-mt-webhook benchmark: parts {', '.join(opts.parts)}; load average {load_start}", flush=True)
     sections: list[report.Section] = []

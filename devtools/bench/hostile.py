@@ -21,7 +21,7 @@ import orjson
 from devtools import hostile, procs
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, table
-from devtools.bench.servers import Pinning, Server
+from devtools.bench.servers import Pinning, Server, webhook_tree
 from devtools.bench.workload import PATH, pod, review_body
 from devtools.cluster import MEMORY
 from hami_mt_webhook.service import certs
@@ -106,7 +106,8 @@ async def _during(port: int, health_port: int, cafile: Path, body: bytes, review
 def _hold_attack(name: str, what: str, floods: Sequence[tuple[str, int]], layout: certs.Layout, workdir: Path,
                  pin: Pinning, opts: argparse.Namespace) -> Held:
     result = Held(name, what)
-    srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning", health=True)
+    srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning", health=True,
+                 tree=webhook_tree(opts, workdir))
     flooders: list[Flooder] = []
     peak = [0.0]
     sampling = True
@@ -159,7 +160,8 @@ def _settle(pid: int, before: float) -> tuple[float | None, float]:
 
 def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argparse.Namespace) -> list[list[str]]:
     """Attacks 4-6 and the idle deadline, each one request against a fresh server."""
-    srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning")
+    srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning",
+                 tree=webhook_tree(opts, workdir))
     ca = str(layout.ca_cert)
     rows: list[list[str]] = []
     try:

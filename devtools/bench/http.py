@@ -19,7 +19,7 @@ import orjson
 
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, stats_lines, table
-from devtools.bench.servers import Pinning, Server, drop_worktree, installed_tree, worktree
+from devtools.bench.servers import Pinning, Server, drop_worktree, webhook_tree, worktree
 from devtools.bench.workload import DESCRIBE, EXPECT, KINDS, PATH, bodies
 from hami_mt_webhook.service import certs
 
@@ -165,7 +165,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     servers: dict[str, Server] = {}
     results: list[Load] = []
     before = worktree(opts.before, workdir) if opts.before else None
-    tree = REPO_ROOT if opts.pure else installed_tree(workdir)
+    tree = webhook_tree(opts, workdir)
     try:
         for kind in ("webhook", "baseline"):
             servers[kind] = Server(kind, layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level,

@@ -80,6 +80,15 @@ def installed_tree(workdir: Path) -> Path:
     return tree
 
 
+def webhook_tree(opts: argparse.Namespace, workdir: Path) -> Path:
+    """Where the webhook server of a part is served from: the installed wheel (made once per run), or with
+    `--pure` this checkout's sources."""
+    if opts.pure:
+        return REPO_ROOT
+    tree = workdir / "installed"
+    return tree if (tree / "hami_mt_webhook").is_dir() else installed_tree(workdir)
+
+
 def drop_worktree(path: Path) -> None:
     subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, capture_output=True)
 
