@@ -8,7 +8,8 @@ PYTHON ?= python3
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	HAMI_MT_PURE_PYTHON=1 $(PY) -m pip install -q -e '.[test]'  # the rules stay .py here (setup.py)
+	# the rules stay .py here (setup.py); setuptools' notice about editable installs is not news to anyone
+	HAMI_MT_PURE_PYTHON=1 PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[test]'
 	touch $@
 
 setup: $(VENV)/.installed

@@ -221,6 +221,14 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
         if webhook is not None:
             webhook.stop()
         cp.stop()
+        say(f"stopped: the webhook, kube-scheduler, kube-controller-manager, kube-apiserver and etcd have exited, "
+            f"and {cp.workdir} is removed")
+
+
+#: The nodes' slice capacities as `kubectl get nodes -o custom-columns=...` shows them; printed on one line,
+#: so that the hint pastes whole (a backslash-newline inside single quotes would reach kubectl).
+COLUMNS = ("NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,"
+           "MEMORY:.status.capacity.mthreads\\.com/sgpu-memory")
 
 
 def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float) -> str:
@@ -232,8 +240,7 @@ hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
 
   export KUBECONFIG={cp.kubeconfig}
   alias kubectl={kubectl}
-  kubectl get nodes -o 'custom-columns=NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,\\
-MEMORY:.status.capacity.mthreads\\.com/sgpu-memory'
+  kubectl get nodes -o 'custom-columns={COLUMNS}'
   kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
   kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
 

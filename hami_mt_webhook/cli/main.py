@@ -96,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
                        help="kubeconfig for the Node watch [KUBECONFIG; in-cluster service account]")
     serve.add_argument("--node-watch", default=_env("HAMI_MT_NODE_WATCH", "auto"), choices=["auto", "stream", "list"],
-                       help="how the Node view is filled: a streaming list (WatchList, Kubernetes 1.27+), paged "
-                            "lists, or auto by server version [HAMI_MT_NODE_WATCH; auto]")
+                       help="how the Node view is filled: a streaming list (WatchList, on by default in "
+                            "Kubernetes 1.32 and from 1.34), paged lists, or auto by server version "
+                            "[HAMI_MT_NODE_WATCH; auto]")
     serve.add_argument("--node-selector", default=os.environ.get("HAMI_MT_NODE_SELECTOR") or None,
                        help="label selector for the Node watch, e.g. mthreads.com/gpu-node: only if every sliced "
                             "node carries it [HAMI_MT_NODE_SELECTOR; all nodes]")
@@ -187,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_doctor(args.kubeconfig, _load_config(args), args.output, args.pending_minutes)
         if args.command == "certs":
             return _certs(args)
+    except BrokenPipeError:  # `review ... | head`: a reader that has read enough is a normal end, not an error
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit, so nothing more is said
+        return 141  # as a shell reports a command ended by SIGPIPE
     except ValueError as err:  # bad settings: one clear line
         print(f"hami-mt-webhook: {err}", file=sys.stderr)
         return 2

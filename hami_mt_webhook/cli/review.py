@@ -56,7 +56,10 @@ def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tu
             where = f" at line {mark.line + 1}" if mark is not None else ""
             raise InputError(f"{name}: not YAML or JSON{where}: {getattr(err, 'problem', None) or err}") from None
         label = "stdin" if name == "-" else name
-        out += [(f"{label}#{i + 1}", d) for i, d in enumerate(docs) if d is not None]
+        found = [(f"{label}#{i + 1}", d) for i, d in enumerate(docs) if d is not None]
+        if not found:  # a file given but empty is a mistake in a CI job, not a pass
+            raise InputError(f"{label}: no documents (the file is empty, or holds only comments)")
+        out += found
     return out
 
 
@@ -107,7 +110,7 @@ def skipped_line(item: Item) -> dict[str, Any]:
     return {"name": name, "namespace": namespace, "kind": item.doc["kind"], "skipped": True}
 
 
-def view_from(node_files: Iterable[str], config: Config) -> ClusterView:
+def view_from(node_files: list[str], config: Config) -> ClusterView:
     nodes = []
     for source, doc in read_documents(node_files):
         entries = doc["items"] if isinstance(doc, dict) and isinstance(doc.get("items"), list) else [doc]
@@ -115,6 +118,9 @@ def view_from(node_files: Iterable[str], config: Config) -> ClusterView:
             if not isinstance(node, dict) or node.get("kind", "Node") != "Node":
                 raise InputError(f"{source}: expected Node objects (kubectl get nodes -o yaml)")
             nodes.append(node)
+    if node_files and not nodes:
+        raise InputError(f"{', '.join('stdin' if f == '-' else f for f in node_files)}: no Node objects "
+                         "(kubectl get nodes -o yaml)")
     return ClusterView.from_nodes(nodes, config)
 
 

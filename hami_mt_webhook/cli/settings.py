@@ -37,14 +37,17 @@ def parse_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
-def parse_capacities(text: str) -> tuple[int, ...]:
-    """Parse `96,160` into capacities in 512 MiB units."""
+def parse_capacities(text: str, source: str = "--memory-per-card") -> tuple[int, ...]:
+    """Parse `96,160` into capacities in 512 MiB units; `source` is where the user wrote it (a flag or a
+    variable), for the message."""
     try:
         values = tuple(int(part) for part in parse_list(text))
     except ValueError:
-        raise ValueError(f"memoryPerCard must be whole numbers of 512 MiB units, e.g. 96,160; got {text!r}") from None
+        raise ValueError(f"{source} must be whole numbers of 512 MiB units, e.g. 96,160; got {text[:64]!r}") from None
     if not values:
-        raise ValueError("memoryPerCard must list at least one capacity, e.g. 96")
+        raise ValueError(f"{source} must list at least one capacity, e.g. 96; got {text[:64]!r}")
+    if any(v < 2 for v in values):
+        raise ValueError(f"{source} must list capacities of at least 2 units (1 GiB), e.g. 96,160; got {text[:64]!r}")
     return values
 
 
@@ -68,17 +71,18 @@ def from_values(values: Mapping[str, object], environ: Mapping[str, str] | None 
     """Build a Config from flag values (None = not given), falling back to the environment, then defaults."""
     environ = os.environ if environ is None else environ
     merged: dict[str, str] = {}
+    source: dict[str, str] = {}  # where each value was written: the flag or the variable, for messages
     for env, name in ENV.items():
         if values.get(name) is not None:
-            merged[name] = str(values[name])
+            merged[name], source[name] = str(values[name]), "--" + name.replace("_", "-")
         elif environ.get(env):
-            merged[name] = environ[env]
+            merged[name], source[name] = environ[env], env
     kwargs: dict[str, Any] = {}
     for name, text in merged.items():
         if name in ("whole_card", "retired_schedulers"):
             kwargs[name] = parse_list(text)
         elif name == "memory_per_card":
-            kwargs[name] = parse_capacities(text)
+            kwargs[name] = parse_capacities(text, source[name])
         elif name == "sliced_node_taint":
             kwargs[name] = parse_taint(text)
         elif name == "enforcement":

@@ -201,8 +201,15 @@ async def _check(resp: aiohttp.ClientResponse) -> None:
     raise cls(f"HTTP {resp.status} from {resp.url.path}: {text}", resp.status)
 
 
+def mode_for(major: int, minor: int) -> str:
+    """The node view's way of reading for a Kubernetes version: a streaming list where the WatchList
+    feature is on by default (1.32, and 1.34 on), paged lists where it is off (before 1.32, and 1.33,
+    which turned it off again) and where servers ignore sendInitialEvents (before 1.27)."""
+    return "stream" if (major, minor) == (1, 32) or (major, minor) >= (1, 34) else "list"
+
+
 async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = "node watch") -> str:
-    """Streaming lists from Kubernetes 1.27 on; paged lists before (they ignore sendInitialEvents)."""
+    """`mode_for` the API server's version; an unreadable version streams, with paged lists as the fallback."""
     async with session.get(server + "/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
         await _check(resp)
         version = orjson.loads(await resp.read())
@@ -211,9 +218,10 @@ async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = 
         minor = int(str(version.get("minor", "")).rstrip("+"))
     except ValueError:
         return "stream"
-    mode = "stream" if (major, minor) >= (1, 27) else "list"
+    mode = mode_for(major, minor)
     logger.info("%s: Kubernetes %s.%s, %s", what, major, minor,
-                "streaming list (WatchList)" if mode == "stream" else "paged list, then watch")
+                "streaming list (WatchList)" if mode == "stream" else
+                "paged list, then watch (WatchList is off by default in this version)")
     return mode
 
 

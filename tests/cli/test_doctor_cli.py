@@ -49,4 +49,4 @@ def test_bad_settings_are_refused_before_reading(tmp_path, capsys):
     assert cli.main(["doctor", "--kubeconfig", str(tmp_path / "none"), "--pending-minutes", "-1"]) == 2
     assert "--pending-minutes must not be negative" in capsys.readouterr().err
     assert cli.main(["doctor", "--kubeconfig", str(tmp_path / "none"), "--memory-per-card", "x"]) == 2
-    assert "memoryPerCard must be whole numbers" in capsys.readouterr().err
+    assert "--memory-per-card must be whole numbers of 512 MiB units, e.g. 96,160; got 'x'" in capsys.readouterr().err

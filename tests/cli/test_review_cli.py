@@ -406,3 +406,42 @@ def test_training_jobs_in_a_list_are_judged_and_other_custom_resources_skipped(t
     assert cli.main(["review", "-f", bare]) == 2
     assert "has no pod template at spec.headGroupSpec.template and spec.workerGroupSpecs[*].template" in \
         capsys.readouterr().err
+
+
+def test_an_empty_input_is_refused_by_name_alone_or_beside_a_good_one(tmp_path, capsys):
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here yet\n")
+    good = write(tmp_path, "pod.yaml", make_pod(container(limits={VGPU: 1}), name="p"))
+    for files in ([str(empty)], [good, str(empty)]):
+        code, lines, err = run(capsys, *(arg for f in files for arg in ("-f", f)))
+        assert (code, lines) == (2, [])
+        assert err == f"hami-mt-webhook review: {empty}: no documents (the file is empty, or holds only comments)\n"
+
+
+def test_nodes_that_hold_no_node_are_refused_by_name(tmp_path, capsys):
+    pod = write(tmp_path, "pod.yaml", make_pod(container(limits={VGPU: 1}), name="p"))
+    empty = tmp_path / "nodes.yaml"
+    empty.write_text("")
+    code, _, err = run(capsys, "-f", pod, "--nodes", str(empty))
+    assert code == 2 and f"{empty}: no documents" in err
+    none = write(tmp_path, "list.yaml", {"apiVersion": "v1", "kind": "List", "items": []})
+    code, _, err = run(capsys, "-f", pod, "--nodes", none)
+    assert code == 2 and err == f"hami-mt-webhook review: {none}: no Node objects (kubectl get nodes -o yaml)\n"
+
+
+def test_a_bad_capacity_names_the_flag_or_variable_the_user_set(tmp_path, capsys, monkeypatch):
+    pod = write(tmp_path, "pod.yaml", make_pod(container(limits={VGPU: 1}), name="p"))
+    assert cli.main(["review", "-f", pod, "--memory-per-card", "xyz"]) == 2
+    assert capsys.readouterr().err == ("hami-mt-webhook: --memory-per-card must be whole numbers of 512 MiB units, "
+                                       "e.g. 96,160; got 'xyz'\n")
+    monkeypatch.setenv("HAMI_MT_MEMORY_PER_CARD", "96,1")
+    assert cli.main(["review", "-f", pod]) == 2
+    assert "HAMI_MT_MEMORY_PER_CARD must list capacities of at least 2 units (1 GiB), e.g. 96,160; got '96,1'" \
+        in capsys.readouterr().err
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
+    pods = write(tmp_path, "pods.yaml", *(make_pod(container(limits={VGPU: 1}), name=f"p{i}") for i in range(3000)))
+    done = subprocess.run(f"{sys.executable} -m hami_mt_webhook review -f {pods} -o json | head -3",
+                          shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash")
+    assert done.stdout.count("\n") == 3 and done.stderr == ""

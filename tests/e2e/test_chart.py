@@ -219,7 +219,7 @@ def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
     assert find(rendered, "ValidatingAdmissionPolicyBinding", "hami-mt-backstop")["spec"]["validationActions"] == \
         ["Deny"]
     bad = helm("template", RELEASE, str(CHART), "--set", "enforcement=audit", check=False)
-    assert bad.returncode != 0 and "enforcement must be deny or warn" in bad.stderr
+    assert bad.returncode != 0 and "at '/enforcement': value must be one of 'deny', 'warn'" in bad.stderr
     docs = template("--set", "failurePolicy=Ignore", "--set", "workloadCheck.failurePolicy=Fail",
                     "--set", "timeoutSeconds=7", "--set", "replicas=5",
                     "--set", "excludedNamespaces={kube-system,monitoring}", "--set", "antiAffinity=hard",
@@ -235,7 +235,25 @@ def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
     assert spec["template"]["spec"]["containers"][0]["image"] == "hami-mt-webhook:9.9.9"
     assert "requiredDuringSchedulingIgnoredDuringExecution" in spec["template"]["spec"]["affinity"]["podAntiAffinity"]
     bad = helm("template", RELEASE, str(CHART), "--set", "failurePolicy=Sometimes", check=False)
-    assert bad.returncode != 0 and "failurePolicy must be Fail or Ignore" in bad.stderr
+    assert bad.returncode != 0 and "at '/failurePolicy': value must be one of 'Fail', 'Ignore'" in bad.stderr
+
+
+@pytest.mark.parametrize(("setting", "named"), [
+    ("memoryPerCard=abc", "at '/memoryPerCard'"),  # rendered as --memory-per-card "0" before the schema
+    ("memoryPerCard={96,1}", "at '/memoryPerCard'"),
+    ("memoryPerCards={96,160}", "additional properties 'memoryPerCards' not allowed"),  # a typo
+    ("replicas=0", "at '/replicas'"),
+    ("timeoutSeconds=31", "at '/timeoutSeconds'"),
+    ("enforcement=audit", "at '/enforcement'"),
+    ("resourceNames.vgpu=mthreads.com/v gpu", "at '/resourceNames/vgpu'"),
+    ("metrics.serviceMonitor.interval=soon", "at '/metrics/serviceMonitor/interval'"),
+])
+def test_a_bad_value_fails_where_it_enters_and_is_named(setting: str, named: str) -> None:
+    """values.schema.json: helm refuses a bad value on template, install and upgrade, naming it."""
+    bad = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
+    assert bad.returncode != 0 and named in bad.stderr, bad.stderr
+    for good in ("memoryPerCard=96", "memoryPerCard={96,160}"):
+        assert helm("template", RELEASE, str(CHART), "--set", good, check=False).returncode == 0
 
 
 def test_cert_manager_replaces_the_generated_certificate(rendered: list[Doc]) -> None:

@@ -96,6 +96,14 @@ def test_a_dead_webhook_is_reported_and_restarted_while_the_control_plane_stays_
     banner = run.until(BANNER_END)
     pid = int(re.search(r"webhook pid (\d+)", banner)[1])
     kubeconfig = re.search(r"export KUBECONFIG=(\S+)", banner)[1]
+    # The banner's hint, pasted as printed (with the alias it prints): one header line, then the nodes.
+    alias = re.search(r"alias kubectl=(\S+)", banner)[1]
+    hint = next(line.strip() for line in banner.splitlines() if line.strip().startswith("kubectl get nodes"))
+    shown = subprocess.run(["bash", "-c", f"kubectl() {{ {alias} \"$@\"; }}\n{hint}"], capture_output=True, text=True,
+                           env={**os.environ, "KUBECONFIG": kubeconfig}, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0].split() == ["NAME", "CORE", "MEMORY"]
+    assert "s5000-node        128      1280" in shown.stdout
     os.kill(pid, signal.SIGKILL)
     report = run.until("Restarting it in")
     assert "the webhook exited (killed by SIGKILL)" in report
@@ -109,7 +117,9 @@ def test_a_dead_webhook_is_reported_and_restarted_while_the_control_plane_stays_
     r = kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / "slice-pod.yaml"))
     assert r.returncode == 0, r.stderr
     assert run.stop(signal.SIGTERM) == 0
-    assert "stopping ..." in run.until("stopping ...")
+    said = run.until(" is removed")
+    assert "stopping ..." in said and "stopped: the webhook, kube-scheduler, kube-controller-manager, kube-apiserver " \
+        "and etcd have exited, and " in said
     run.assert_nothing_left()
 
 

@@ -14,6 +14,7 @@ import pytest
 from devtools import fleet
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
+from hami_mt_webhook.service import nodewatch
 from hami_mt_webhook.service.metrics import Metrics
 from hami_mt_webhook.service.nodefeed import (
     CAUGHT_UP,
@@ -291,3 +292,12 @@ def test_a_node_that_is_not_a_sliced_report_is_logged_once(feed, caplog):
     assert lines == ["node odd: mthreads.com/sgpu-core=24, mthreads.com/sgpu-memory=160 is not a sliced-card "
                      "report; ignored"]
     assert len(feed.view) == 0
+
+
+@pytest.mark.parametrize(("version", "mode"), [
+    ((1, 26), "list"), ((1, 27), "list"), ((1, 30), "list"), ((1, 31), "list"), ((1, 32), "stream"),
+    ((1, 33), "list"), ((1, 34), "stream"), ((1, 37), "stream"), ((2, 0), "stream"),
+])
+def test_auto_streams_where_watchlist_is_on_by_default(version, mode):
+    """Paged lists are the normal path where WatchList is off by default: chosen without a refusal first."""
+    assert nodewatch.mode_for(*version) == mode
