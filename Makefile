@@ -17,8 +17,10 @@ setup: $(VENV)/.installed
 controlplane:  ## build etcd, kube-apiserver, kubectl and helm (cached outside the tree)
 	scripts/build-controlplane.sh
 
-run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything
-	$(PY) -m devtools.local
+INSTALL ?= kustomize
+
+run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart)
+	$(PY) -m devtools.local --install $(INSTALL)
 
 lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linter layer contracts
 	$(VENV)/bin/ruff check hami_mt_webhook devtools tests

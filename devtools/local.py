@@ -8,6 +8,7 @@ shipped ServiceAccount, so the shipped ClusterRole and binding are what it runs 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import os
 import signal
@@ -28,6 +29,20 @@ from hami_mt_webhook.service import certs
 
 NAMESPACE = "hami-mt-webhook"
 SERVICE_ACCOUNT = "hami-mt-webhook"
+#: The chart, and the release name the README's Helm section installs it under.
+CHART = Path(__file__).resolve().parent.parent / "charts" / "hami-mt-webhook"
+RELEASE = "hami-mt-webhook"
+
+
+def helm(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    """The built helm against the local control plane, its cache and config kept in the run directory."""
+    home = cp.workdir / "helm"
+    env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    done = subprocess.run([str(cp.bin_dir / "helm"), *args], capture_output=True, text=True, env=env, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
+    return done
 
 
 def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
@@ -80,6 +95,22 @@ class LocalWebhook:
         kubeconfig for the shipped ServiceAccount."""
         overlay = manifests.local_overlay(self.workdir / "overlay", url or self.url, self.certs.bundle.read_bytes())
         self.cp.kubectl("apply", "-k", str(overlay))
+        self._login()
+
+    def install_chart(self) -> None:
+        """Install the Helm chart instead (`make run INSTALL=helm`), as the README's Helm section does: the
+        namespace made and labelled first, then the release, its webhooks calling this process (the chart's
+        `development` values) and the webhook logged in as the chart's ServiceAccount."""
+        self.cp.kubectl("create", "namespace", NAMESPACE)
+        self.cp.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
+                        "pod-security.kubernetes.io/enforce=restricted")
+        bundle = base64.b64encode(self.certs.bundle.read_bytes()).decode()
+        helm(self.cp, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
+             "--set", f"development.webhookURL={self.url}", "--set", f"development.caBundle={bundle}")
+        self._login()
+
+    def _login(self) -> None:
+        """A kubeconfig for the ServiceAccount the manifests or the chart made: the webhook runs with their RBAC."""
         token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=24h").stdout.strip()
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
@@ -182,7 +213,8 @@ def _exit_status(code: int) -> str:
     return f"exit status {code}"
 
 
-def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, say: Console | None = None) -> int:
+def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, say: Console | None = None,
+           installer: str = "kustomize") -> int:
     """`make run`: control plane, webhook and example nodes until Ctrl-C, SIGTERM or SIGHUP.
 
     A webhook that dies is reported (how it ended, its last log lines) and restarted after
@@ -208,10 +240,13 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
         say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler (the first run builds them) ...")
         cp.start()
         webhook = LocalWebhook(cp, cp.workdir)
-        webhook.install()
+        if installer == "helm":
+            webhook.install_chart()
+        else:
+            webhook.install()
         apply_nodes(cp, example_nodes())
         webhook.start()
-        say(_banner(cp, webhook, restart_delay))
+        say(_banner(cp, webhook, restart_delay, installer))
         return _supervise(cp, webhook, restart_delay, say)
     except Stop:
         return 0
@@ -231,16 +266,24 @@ COLUMNS = ("NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,"
            "MEMORY:.status.capacity.mthreads\\.com/sgpu-memory")
 
 
-def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float) -> str:
+def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, installer: str = "kustomize") -> str:
     kubectl = cp.bin_dir / "kubectl"
     pid = webhook.proc.pid if webhook.proc else "?"
+    how = (f"installed with the Helm chart as release {RELEASE} in namespace {NAMESPACE}; its webhooks call the "
+           "process above" if installer == "helm" else
+           "installed with the kustomize manifests (make run INSTALL=helm installs the Helm chart instead)")
+    chart = "" if installer != "helm" else (
+        f"  alias helm={cp.bin_dir / 'helm'}\n"
+        f"  helm -n {NAMESPACE} list; helm -n {NAMESPACE} upgrade {RELEASE} {CHART.relative_to(CHART.parents[1])} "
+        "--reuse-values --set enforcement=warn\n")
     return f"""
 hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
-(control plane ready in {cp.startup_seconds:.1f} s; webhook pid {pid}, log: {webhook.log})
+(control plane ready in {cp.startup_seconds:.1f} s; webhook pid {pid}, log: {webhook.log}),
+{how}.
 
   export KUBECONFIG={cp.kubeconfig}
   alias kubectl={kubectl}
-  kubectl get nodes -o 'custom-columns={COLUMNS}'
+{chart}  kubectl get nodes -o 'custom-columns={COLUMNS}'
   kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
   kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
 
@@ -291,8 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the run directory is made (and removed at the end) [~/.cache/hami-mt-webhook/run]")
     parser.add_argument("--restart-delay", type=float, default=RESTART_DELAY,
                         help=f"seconds between the webhook's exit and its restart [{RESTART_DELAY:g}]")
+    parser.add_argument("--install", choices=["kustomize", "helm"], default="kustomize",
+                        help="how the webhook's objects are installed: the kustomize manifests, or the Helm chart "
+                             "[kustomize]")
     args = parser.parse_args(argv)
-    return try_it(args.dir, args.restart_delay)
+    return try_it(args.dir, args.restart_delay, installer=args.install)
 
 
 if __name__ == "__main__":

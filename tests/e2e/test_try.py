@@ -3,6 +3,7 @@ control plane stays up, and no process and no run directory outlives it, whateve
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -28,11 +29,11 @@ BANNER_END = "Ctrl-C stops everything."
 class Run:
     """`hami-mt-webhook try` in its own session (our signals reach only it), its output read line by line."""
 
-    def __init__(self, base: Path, restart_delay: float = 5.0, read: bool = True) -> None:
+    def __init__(self, base: Path, restart_delay: float = 5.0, read: bool = True, install: str = "kustomize") -> None:
         self.dir = base
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "devtools.local", "--dir", str(base),
-             "--restart-delay", str(restart_delay)],
+             "--restart-delay", str(restart_delay), "--install", install],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True, cwd=ROOT)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -120,6 +121,26 @@ def test_a_dead_webhook_is_reported_and_restarted_while_the_control_plane_stays_
     said = run.until(" is removed")
     assert "stopping ..." in said and "stopped: the webhook, kube-scheduler, kube-controller-manager, kube-apiserver " \
         "and etcd have exited, and " in said
+    run.assert_nothing_left()
+
+
+def test_the_helm_chart_can_be_tried_locally_instead_of_the_manifests(tmp_path, runs):
+    """`make run INSTALL=helm`: the README's Helm install on the local control plane, the webhook serving it."""
+    run = Run(tmp_path / "run", install="helm")
+    runs.append(run)
+    banner = run.until(BANNER_END)
+    assert "installed with the Helm chart as release hami-mt-webhook in namespace hami-mt-webhook" in banner
+    kubeconfig = re.search(r"export KUBECONFIG=(\S+)", banner)[1]
+    helm = re.search(r"alias helm=(\S+)", banner)[1]
+    listed = subprocess.run([helm, "list", "-n", "hami-mt-webhook", "-o", "json"], capture_output=True, text=True,
+                            env={**os.environ, "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": str(tmp_path / "h"),
+                                 "HELM_CONFIG_HOME": str(tmp_path / "h"), "HELM_DATA_HOME": str(tmp_path / "h")},
+                            timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert [(r["name"], r["status"]) for r in json.loads(listed.stdout)] == [("hami-mt-webhook", "deployed")]
+    r = kubectl(kubeconfig, "apply", "-f", str(EXAMPLES / "exclusive-pod.yaml"))
+    assert r.returncode == 0 and "sgpu-memory 160" in r.stderr, r.stderr  # through the chart's configurations
+    assert run.stop(signal.SIGTERM) == 0
     run.assert_nothing_left()
 
 
