@@ -155,7 +155,11 @@ class Conn:
         if self.closed:
             return
         self.host.handshaking(self)  # may make room by closing an older handshake
-        self.tls = self.host.context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+        try:
+            self.tls = self.host.context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError):  # the peer is already gone
+            self.abort()
+            return
         self.sock = self.tls
         self._handshake()
 
