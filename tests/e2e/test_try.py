@@ -144,6 +144,60 @@ def test_the_helm_chart_can_be_tried_locally_instead_of_the_manifests(tmp_path, 
     run.assert_nothing_left()
 
 
+def tour() -> list[tuple[str, list[str]]]:
+    """The README tour's console blocks: each `$ command` with the lines it shows."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Five-minute tour"):]
+    section = section[:section.index("\n## ", 1)]
+    steps: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"```console\n(.*?)```", section, re.S):
+        for line in block.splitlines():
+            if line.startswith("$ "):
+                steps.append((line[2:], []))
+            else:
+                steps[-1][1].append(line)
+    return steps
+
+
+# What the tour says varies: the five random characters a ReplicaSet gives each pod's name.
+POD_SUFFIX = re.compile(r"(\btrain-[0-9a-f]+-)[bcdfghjklmnpqrstvwxz2456789]{5}\b")
+
+
+def test_the_readme_tour_prints_what_it_shows(tmp_path, runs):
+    """Every command of the README's tour, run in order on `make run`'s cluster, prints what the README shows.
+
+    Reads (`kubectl get`) are retried for a while, as a reader gives the controllers a second; a command's
+    warnings and answer are compared in either order, as a terminal may interleave stderr and stdout.
+    """
+    steps = tour()
+    assert len(steps) > 25 and any(cmd.startswith("kubectl scale") for cmd, _ in steps)
+    run = Run(tmp_path / "run")
+    runs.append(run)
+    banner = run.until(BANNER_END)
+    env = {**os.environ, "KUBECONFIG": re.search(r"export KUBECONFIG=(\S+)", banner)[1]}
+    alias = re.search(r"alias kubectl=(\S+)", banner)[1]
+    status = 0
+    for command, shown in steps:
+        want = [POD_SUFFIX.sub(r"\1xxxxx", line) for line in shown]
+        if command == "echo $?":
+            assert [str(status)] == want, "the tour's exit status"
+            continue
+        deadline = time.monotonic() + (30 if command.startswith("kubectl get") else 0)
+        while True:
+            done = subprocess.run(["bash", "-c", f"kubectl() {{ {alias} \"$@\"; }}\n{command}"], cwd=ROOT, env=env,
+                                  capture_output=True, text=True, timeout=120)
+            out, err = ([POD_SUFFIX.sub(r"\1xxxxx", line.rstrip()) for line in stream.splitlines()]
+                        for stream in (done.stdout, done.stderr))
+            if want in (err + out, out + err) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        printed, readme = "\n".join(err + out), "\n".join(want)
+        assert want in (err + out, out + err), f"`{command}` printed\n{printed}\nwhere the README shows\n{readme}"
+        status = done.returncode
+    assert run.stop(signal.SIGINT) == 0
+    run.assert_nothing_left()
+
+
 def test_a_closed_terminal_stops_everything(tmp_path, runs):
     run = Run(tmp_path / "run")
     runs.append(run)
