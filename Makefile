@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-e2e lint bench wrk controlplane certs clean
+.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,15 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 setup: $(VENV)/.installed
 
-controlplane:  ## build etcd, kube-apiserver, kubectl and helm (cached outside the tree)
-	scripts/build-controlplane.sh
+# The Kubernetes version of `make run` and `make test-e2e`: newest, floor, 1.MINOR or 1.MINOR.PATCH.
+KUBE_VERSION ?= newest
+export HAMI_MT_KUBE_VERSION := $(KUBE_VERSION)
+
+controlplane:  ## build etcd, kube-apiserver, kubectl and helm for KUBE_VERSION (cached outside the tree)
+	KUBE_VERSION=$(KUBE_VERSION) scripts/build-controlplane.sh
+
+controlplane-floor:  ## the same for the oldest Kubernetes the chart accepts
+	KUBE_VERSION=floor scripts/build-controlplane.sh
 
 INSTALL ?= kustomize
 
@@ -33,8 +40,17 @@ test-unit: setup
 test-e2e: setup controlplane
 	$(PY) -m pytest -q -m e2e
 
-test: lint controlplane  ## everything: lint, unit and e2e tiers
+test-e2e-floor: setup controlplane-floor
+	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
+
+test: lint controlplane controlplane-floor  ## everything: lint, unit and e2e tiers, the e2e tier again on the floor
 	$(PY) -m pytest -q
+	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
+
+COMPAT_ARGS ?=
+
+compat: setup  ## the e2e tier on every Kubernetes minor from the floor to the newest (not CI; COMPAT_ARGS="--write")
+	$(PY) -m devtools.compat $(COMPAT_ARGS)
 
 BENCH_ARGS ?=
 

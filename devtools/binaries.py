@@ -1,9 +1,11 @@
-"""Where the control-plane binaries come from: `$HAMI_MT_CONTROLPLANE_BIN`, or the build script's cache."""
+"""Where the control-plane binaries come from: `$HAMI_MT_CONTROLPLANE_BIN`, or the build script's cache
+for the Kubernetes version `$HAMI_MT_KUBE_VERSION` names (the newest pinned one by default)."""
 
 from __future__ import annotations
 
 import collections
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-controlplane.sh"
 BIN_ENV = "HAMI_MT_CONTROLPLANE_BIN"
+VERSION_ENV = "HAMI_MT_KUBE_VERSION"
+#: One directory per pinned Kubernetes minor (`v1.30`, ...): the oldest is the floor the chart declares.
+PINS_DIR = REPO_ROOT / "controlplane" / "kubernetes"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
 LOG_TAIL_LINES = 40
 
@@ -19,8 +24,19 @@ class ControlPlaneError(RuntimeError):
     """The control plane could not be built or started; the message carries the relevant log tail."""
 
 
-def binaries() -> Path:
-    """The directory with every binary in BINARIES.
+def pinned_versions() -> list[str]:
+    """The Kubernetes versions pinned in controlplane/kubernetes/, oldest first: ["v1.30.14", ..., "v1.37.2"]."""
+    found = []
+    for go_mod in PINS_DIR.glob("v1.*/go.mod"):
+        match = re.search(r"^require k8s\.io/kubernetes (v[0-9.]+)$", go_mod.read_text(), re.M)
+        if match:
+            found.append(match[1])
+    return sorted(found, key=lambda v: tuple(int(n) for n in v[1:].split(".")))
+
+
+def binaries(version: str | None = None) -> Path:
+    """The directory with every binary in BINARIES, for `version` (newest, floor, 1.MINOR or 1.MINOR.PATCH;
+    default `$HAMI_MT_KUBE_VERSION`, else newest).
 
     `$HAMI_MT_CONTROLPLANE_BIN` wins, for machines that already have the binaries; otherwise the
     build script builds them once into a versioned cache (progress goes to our stderr, since a first
@@ -29,8 +45,9 @@ def binaries() -> Path:
     env_dir = os.environ.get(BIN_ENV)
     if env_dir:
         return _check_binaries(Path(env_dir), f"${BIN_ENV}")
+    wanted = version or os.environ.get(VERSION_ENV) or "newest"
     proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "KUBE_VERSION": wanted})
     assert proc.stdout is not None and proc.stderr is not None
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     for line in proc.stderr:  # stdout carries one line only, so reading it afterwards cannot block

@@ -75,6 +75,8 @@ class ControlPlane:
         self.etcd_client_port = self.etcd_peer_port = self.apiserver_port = 0
         #: Seconds from `start()` to a ready API server; what a test session pays per control plane.
         self.startup_seconds: float | None = None
+        #: What the API server says it is (`/version`'s gitVersion, "v1.30.14"), known once started.
+        self.git_version = ""
 
     # properties ---------------------------------------------------------------------------------------
 
@@ -111,6 +113,13 @@ class ControlPlane:
         if self._bin_dir is None:
             self._bin_dir = binaries()
         return self._bin_dir
+
+    @property
+    def minor(self) -> int:
+        """The API server's Kubernetes minor (30 for v1.30.14): what version-dependent behaviour keys on."""
+        if not self.git_version:
+            raise ControlPlaneError("the control plane has not been started")
+        return int(self.git_version.split(".")[1])
 
     @property
     def pids(self) -> dict[str, int]:
@@ -228,6 +237,8 @@ class ControlPlane:
         self._wait("kube-apiserver", proc, log, f"{self.server}/readyz", lambda body: body.strip() == b"ok")
         # /readyz does not cover the system namespaces; tests create objects in `default` at once.
         self._wait("kube-apiserver", proc, log, f"{self.server}/api/v1/namespaces/default", lambda body: True)
+        with self._opener().open(f"{self.server}/version", timeout=10) as answer:
+            self.git_version = json.loads(answer.read())["gitVersion"]
 
     def restart_apiserver(self, down: float = 0.0) -> None:
         """Kill kube-apiserver as a crash would (SIGKILL), wait `down` seconds, start it again on its port."""

@@ -6,7 +6,7 @@ network or the clock, so each check is tested over hand-written objects.
 """
 from __future__ import annotations
 
-from .components import hami_memory_per_card, hami_webhook, scheduler, vendor
+from .components import hami_memory_per_card, hami_webhook, kubernetes_version, scheduler, vendor
 from .model import (
     VENDOR_COMPONENTS,
     Check,
@@ -23,11 +23,12 @@ from .pods import quota, slice_pods
 from .registration import availability, registration
 
 __all__ = ["CHECKS", "VENDOR_COMPONENTS", "Check", "Cluster", "Finding", "Served", "Settings", "endpoint",
-           "endpoint_host", "hami_memory_per_card", "run", "selector_matches"]
+           "endpoint_host", "hami_memory_per_card", "kubernetes_version", "run", "selector_matches"]
 
 
 #: Every check, in the order its findings are printed.
 CHECKS: tuple[tuple[str, Check], ...] = (
+    ("kubernetes-version", kubernetes_version),
     ("vendor", vendor),
     ("hami-webhook", hami_webhook),
     ("registration", registration),

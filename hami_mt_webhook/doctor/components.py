@@ -1,8 +1,9 @@
-"""The vendor's components, HAMi's own webhook and the scheduler pods wait for."""
+"""The API server's version, the vendor's components, HAMi's own webhook and the scheduler pods wait for."""
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,6 +12,8 @@ import yaml
 from .model import (
     HAMI_WEBHOOK,
     MIGRATION,
+    NEWEST_TESTED,
+    OLDEST_TESTED,
     VENDOR_COMPONENTS,
     Cluster,
     Finding,
@@ -27,6 +30,33 @@ from .model import (
     sequence,
     unique,
 )
+
+# --- the API server --------------------------------------------------------------------------------------
+
+COMPATIBILITY = "docs/compatibility.md"
+
+
+def kubernetes_version(cluster: Cluster, settings: Settings) -> list[Finding]:
+    """A server older than the oldest minor this release is tested on (the chart's floor), or newer than the newest."""
+    git = str(cluster.version.get("gitVersion") or "")
+    match = re.match(r"v?(\d+)\.(\d+)", git)
+    if not match:
+        return []
+    minor = (int(match[1]), int(match[2]))
+    oldest, newest = (f"{v[0]}.{v[1]}" for v in (OLDEST_TESTED, NEWEST_TESTED))
+    if minor < OLDEST_TESTED:
+        return [Finding("kubernetes-version", "API server",
+                        f"Kubernetes {git} is older than {oldest}, the oldest this release supports: the chart "
+                        f"refuses it (kubeVersion >={oldest}.0-0), and the webhook configurations' matchConditions "
+                        f"and the backstop ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) are GA only "
+                        f"from {oldest}; upgrade the control plane ({COMPATIBILITY})")]
+    if minor > NEWEST_TESTED:
+        return [Finding("kubernetes-version", "API server",
+                        f"Kubernetes {git} is newer than {newest}, the newest this release is tested on; "
+                        f"{COMPATIBILITY} says what changes across versions, and a newer hami-mt-webhook release "
+                        f"may be tested on it", action=False)]
+    return []
+
 
 # --- the vendor's components and HAMi's own webhook -----------------------------------------------------
 

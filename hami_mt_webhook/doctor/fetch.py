@@ -164,6 +164,9 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
     cluster = Cluster(now=now or dt.datetime.now(dt.UTC))
     for key in LISTS:
         setattr(cluster, key, api.items(key))
+    status, version = api.get("/version")
+    if status == 200:
+        cluster.version = version
     hooks = [(kind, hook) for kind, _, hook in model.all_webhooks(cluster)]
     ours = model.registered(cluster)
     for _, _, hook in ours.values():

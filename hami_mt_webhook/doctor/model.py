@@ -24,6 +24,9 @@ CARD_COUNT_LABEL = "mthreads.com/gpu.count"
 #: Labels that pin a node, not a card model.
 NODE_IDENTITY_LABELS = frozenset({"kubernetes.io/hostname"})
 MIGRATION = "docs/migration.md"
+#: The Kubernetes minors this release is tested on, (major, minor): the oldest is the chart's kubeVersion floor,
+#: CI runs the end-to-end tier on both ends, docs/compatibility.md has every minor between.
+OLDEST_TESTED, NEWEST_TESTED = (1, 30), (1, 37)
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,7 @@ class Cluster:
     configmaps: list[Obj] = field(default_factory=list)  # HAMi's device configuration, where readable
     served: dict[str, Served] = field(default_factory=dict)  # by endpoint()
     unreadable: dict[str, str] = field(default_factory=dict)  # "ConfigMap ns/name" -> why it was not read
+    version: Obj = field(default_factory=dict)  # the API server's /version, where it answered
 
 
 @dataclass(frozen=True)

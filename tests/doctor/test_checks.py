@@ -529,3 +529,20 @@ def test_a_missing_rollout_mode_registration_names_the_namespaces_it_serves():
     f = only(cluster, "registration")
     assert f.object == "MutatingWebhookConfiguration hami-mt-webhook-warn"
     assert "in namespaces labelled hami.io/enforcement: warn, slice pods are not mutated" in f.message
+
+
+@pytest.mark.parametrize(("git", "expected"), [
+    ("v1.29.15", ("action", "Kubernetes v1.29.15 is older than 1.30, the oldest this release supports")),
+    ("v1.30.0", None), ("v1.37.2", None), ("v1.33.1-eks-abc", None),
+    ("v1.38.0", ("note", "Kubernetes v1.38.0 is newer than 1.37, the newest this release is tested on")),
+    ("v2.0.0", ("note", "is newer than 1.37")), ("", None), ("weird", None),
+])
+def test_kubernetes_version_below_the_floor_acts_and_above_the_newest_tested_notes(git, expected):
+    cluster = Cluster(now=NOW, version={"gitVersion": git} if git else {})
+    found = checks.kubernetes_version(cluster, Settings())
+    if expected is None:
+        assert found == []
+        return
+    (finding,) = found
+    assert (finding.check, finding.object, finding.severity) == ("kubernetes-version", "API server", expected[0])
+    assert expected[1] in finding.message and "docs/compatibility.md" in finding.message

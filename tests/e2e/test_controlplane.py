@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.binaries import BIN_ENV, VERSION_ENV, pinned_versions
 from devtools.controlplane import ControlPlane, ControlPlaneError
 
 from .support import processes_mentioning
@@ -27,10 +28,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def test_server_is_the_pinned_version(controlplane: ControlPlane) -> None:
+def test_server_is_the_version_asked_for(controlplane: ControlPlane) -> None:
+    """`$HAMI_MT_KUBE_VERSION` (newest, floor, 1.MINOR or an exact version) picks the binaries; the server,
+    kubectl and the cache directory agree on it, and newest and floor are the pinned ends."""
     out = json.loads(controlplane.kubectl("version", "-o", "json").stdout)
-    assert out["serverVersion"]["gitVersion"] == "v1.37.2"
-    assert out["clientVersion"]["gitVersion"] == "v1.37.2"
+    server = out["serverVersion"]["gitVersion"]
+    assert out["clientVersion"]["gitVersion"] == server == controlplane.git_version
+    if os.environ.get(BIN_ENV):
+        return  # binaries brought by the user: whatever they are
+    assert controlplane.bin_dir.name.startswith(f"{server}-etcd-")
+    pins = pinned_versions()
+    asked = os.environ.get(VERSION_ENV, "newest")
+    expected = {"newest": pins[-1], "floor": pins[0]}.get(asked, f"v{asked.removeprefix('v')}")
+    assert server == expected or server.startswith(expected + ".")
 
 
 def test_node_capacity_set_through_status_subresource(controlplane: ControlPlane) -> None:

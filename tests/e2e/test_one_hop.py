@@ -11,12 +11,10 @@ run by then, so only the validating webhook can see the change.
 
 from __future__ import annotations
 
-import base64
 import json
-import ssl
 import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,8 +22,8 @@ import yaml
 
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
-from hami_mt_webhook.service import certs
 
+from .mutators import LoopbackWebhook, serves_mutating_policies
 from .support import (
     CORE,
     MEMORY,
@@ -48,48 +46,16 @@ LABEL = "e2e.hami-mt/relabelled"
 #: The JSON Patch the meddling webhook applies, carried by the pod itself so one server serves every test.
 PATCH = "e2e.hami-mt/meddle"
 SELECT = {"e2e-one-hop": "yes"}
-MEM, CPU_, GPU = MEMORY.replace("/", "~1"), CORE.replace("/", "~1"), WHOLE.replace("/", "~1")
 
 
-class Mutators(BaseHTTPRequestHandler):
+def meddle(path: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     """/label adds LABEL; /meddle applies the pod's PATCH annotation once the pod carries LABEL."""
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["request"]
-        meta = request["object"]["metadata"]
-        labels, annotations = meta.get("labels") or {}, meta.get("annotations") or {}
-        patch: list[dict[str, Any]] = []
-        path = self.path.partition("?")[0]  # kube-apiserver appends ?timeout=
-        if path == "/label" and LABEL not in labels:
-            patch = [{"op": "add", "path": f"/metadata/labels/{LABEL.replace('/', '~1')}", "value": "yes"}]
-        elif path == "/meddle" and LABEL in labels and PATCH in annotations:
-            patch = json.loads(annotations[PATCH])
-        response: dict[str, Any] = {"uid": request["uid"], "allowed": True}
-        if patch:
-            response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
-        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                           "response": response}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-def _mutating(name: str, url: str, bundle: bytes) -> dict[str, Any]:
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": f"{name}.e2e.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "clientConfig": {"url": url, "caBundle": base64.b64encode(bundle).decode()},
-            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
-            "objectSelector": {"matchLabels": SELECT}, "namespaceSelector": {},
-            "failurePolicy": "Fail", "timeoutSeconds": 3, "reinvocationPolicy": "IfNeeded"}],
-    }  # fmt: skip
+    labels, annotations = obj["metadata"].get("labels") or {}, obj["metadata"].get("annotations") or {}
+    if path == "/label" and LABEL not in labels:
+        return [{"op": "add", "path": f"/metadata/labels/{LABEL.replace('/', '~1')}", "value": "yes"}]
+    if path == "/meddle" and LABEL in labels and PATCH in annotations:
+        return list(json.loads(annotations[PATCH]))
+    return []
 
 
 @pytest.fixture(scope="module")
@@ -111,15 +77,9 @@ def until_applied(controlplane, labels: dict[str, str], check: Callable[[Any], b
 @pytest.fixture(scope="module")
 def later(controlplane, webhook, ns, tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Two webhooks sorted after ours ("zy-", "zz-"), for pods labelled SELECT only."""
-    layout = certs.ensure(tmp_path_factory.mktemp("mutators"), ips=("127.0.0.1",))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Mutators)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(layout.tls_cert, layout.tls_key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    base = f"https://127.0.0.1:{server.server_address[1]}"
-    bundle = layout.bundle.read_bytes()
-    configs = [_mutating("zy-meddler", base + "/meddle", bundle), _mutating("zz-labeller", base + "/label", bundle)]
+    server = LoopbackWebhook(tmp_path_factory.mktemp("mutators"), meddle)
+    configs = [server.configuration("zy-meddler", "/meddle", {"matchLabels": SELECT}),
+               server.configuration("zz-labeller", "/label", {"matchLabels": SELECT})]
     controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(configs))
     until_applied(controlplane, SELECT,
                   lambda r: r.returncode == 0 and LABEL in json.loads(r.stdout)["metadata"]["labels"])
@@ -128,7 +88,7 @@ def later(controlplane, webhook, ns, tmp_path_factory: pytest.TempPathFactory) -
     finally:
         for config in configs:
             controlplane.kubectl("delete", "mutatingwebhookconfiguration", config["metadata"]["name"], check=False)
-        server.shutdown()
+        server.close()
 
 
 def validations(webhook) -> float:
@@ -300,7 +260,7 @@ def test_a_hand_written_record_changes_nothing(controlplane, webhook, ns, case):
             assert result == plain[1].replace(f"plain-{case}", "NAME")
 
 
-# --- a MutatingAdmissionPolicy -------------------------------------------------------------------------------
+# --- a MutatingAdmissionPolicy, or a webhook where the server has none -----------------------------------------
 
 
 def _policy(name: str, mutation: str) -> list[dict[str, Any]]:
@@ -318,18 +278,45 @@ def _policy(name: str, mutation: str) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.fixture
-def policy(controlplane, webhook) -> Iterator[Any]:
-    made: list[str] = []
+def _cel(patch: list[dict[str, Any]]) -> str:
+    """A JSON Patch of string values as a MutatingAdmissionPolicy's CEL expression."""
+    return "[" + ", ".join(f"JSONPatch{{op: '{op['op']}', path: '{op['path']}', value: '{op['value']}'}}"
+                           for op in patch) + "]"
 
-    def register(name: str, mutation: str) -> None:
-        controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_policy(name, mutation)))
-        made.append(name)
+
+@pytest.fixture
+def policy(controlplane, webhook, tmp_path: Path) -> Iterator[Callable[[str, list[dict[str, Any]]], None]]:
+    """`policy(name, patch)`: pods labelled `name` get `patch` from a mutator after ours. A
+    MutatingAdmissionPolicy where the server serves them (it runs before the webhooks in every pass, ours
+    is reinvoked after its last change); elsewhere a webhook sorted after ours that changes a pod once (ours
+    is reinvoked after that change)."""
+    policies = serves_mutating_policies(controlplane)
+    made: list[tuple[str, str]] = []
+    server = None
+
+    def register(name: str, patch: list[dict[str, Any]]) -> None:
+        nonlocal server
+        if policies:
+            controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(_policy(name, _cel(patch))))
+            made.extend([("mutatingadmissionpolicybinding", name), ("mutatingadmissionpolicy", name)])
+            return
+        done = "e2e.hami-mt/changed"
+
+        def once(path: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+            labels = obj["metadata"].get("labels") or {}
+            return [] if labels.get(done) else \
+                [{"op": "add", "path": f"/metadata/labels/{done.replace('/', '~1')}", "value": "yes"}, *patch]
+
+        server = LoopbackWebhook(tmp_path / name, once)
+        config = server.configuration(f"zz-{name}", "/", {"matchExpressions": [{"key": name, "operator": "Exists"}]})
+        controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump(config))
+        made.append(("mutatingwebhookconfiguration", f"zz-{name}"))
 
     yield register
-    for name in made:
-        controlplane.kubectl("delete", "mutatingadmissionpolicybinding", name, check=False)
-        controlplane.kubectl("delete", "mutatingadmissionpolicy", name, check=False)
+    for kind, name in made:
+        controlplane.kubectl("delete", kind, name, check=False)
+    if server is not None:
+        server.close()
 
 
 def test_a_policy_changing_slice_memory_is_checked(controlplane, webhook, ns, policy):
@@ -337,8 +324,7 @@ def test_a_policy_changing_slice_memory_is_checked(controlplane, webhook, ns, po
     on its reinvocation, ours is reinvoked after it and snaps the value again, so the change never outlives our
     webhook's last call, and the validating webhook has nothing to add."""
     name = "e2e-map-memory"
-    policy(name, "[JSONPatch{op: 'replace', path: '/spec/containers/0/resources/limits/" + MEM + "', value: '20'}, "
-                 "JSONPatch{op: 'replace', path: '/spec/containers/0/resources/requests/" + MEM + "', value: '20'}]")
+    policy(name, both(0, MEMORY, "20"))
     until_applied(controlplane, {name: "yes"}, lambda r: "snapped up" in r.stderr)
     before = validations(webhook)
     r = apply(controlplane, ns, pod("map-memory", {VGPU: 1, MEMORY: 32, CORE: 8}, labels={name: "yes"},
@@ -354,8 +340,7 @@ def test_a_policy_changing_slice_memory_is_checked(controlplane, webhook, ns, po
 
 def test_a_policy_adding_a_whole_card_is_denied(controlplane, webhook, ns, policy):
     name = "e2e-map-whole"
-    policy(name, "[JSONPatch{op: 'add', path: '/spec/containers/0/resources/limits/" + GPU + "', value: '1'}, "
-                 "JSONPatch{op: 'add', path: '/spec/containers/0/resources/requests/" + GPU + "', value: '1'}]")
+    policy(name, both(0, WHOLE, "1"))
     until_applied(controlplane, {name: "yes"}, lambda r: "whole cards, outside HAMi" in r.stderr)
     r = apply(controlplane, ns, pod("map-whole", {VGPU: 1, MEMORY: 32, CORE: 8}, labels={name: "yes"},
                                     nodeSelector=ON_S4000))

@@ -1,81 +1,41 @@
 """Other mutators after ours: a second mutating webhook changes the pod (ours is called again and changes
-nothing), and MutatingAdmissionPolicies inject a slice sidecar or change a container's memory (ours is
-called again: the final pod is still filled, snapped and checked)."""
+nothing), and another team's mutator injects a slice sidecar or changes a container's memory (ours is
+called again: the final pod is still filled, snapped and checked). That mutator is a MutatingAdmissionPolicy
+where the API server serves them (admissionregistration.k8s.io/v1, Kubernetes 1.36 on), and a mutating
+webhook sorted after ours where it does not."""
 
 from __future__ import annotations
 
-import base64
-import json
-import ssl
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
-from hami_mt_webhook.service import certs
-
+from .mutators import LoopbackWebhook, serves_mutating_policies
 from .support import CORE, MEMORY, ON_S5000, VGPU, apply, exists, metric, pod, resources, stored, wait_for
 
 LABEL = "e2e.hami-mt/labelled"
 
 
-class Labeler(BaseHTTPRequestHandler):
+def label(path: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     """Adds a label to every pod it is sent: another team's mutating webhook."""
-
-    calls = 0
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        request = review["request"]
-        type(self).calls += 1
-        labels = request["object"]["metadata"].get("labels") or {}
-        patch = [] if LABEL in labels else [{"op": "add", "path": f"/metadata/labels/{LABEL.replace('/', '~1')}",
-                                              "value": "yes"}]
-        response = {"uid": request["uid"], "allowed": True}
-        if patch:
-            response.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(patch).encode()).decode())
-        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                           "response": response}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    if LABEL in (obj["metadata"].get("labels") or {}):
+        return []
+    return [{"op": "add", "path": f"/metadata/labels/{LABEL.replace('/', '~1')}", "value": "yes"}]
 
 
 @pytest.fixture
-def labeler(controlplane, webhook, tmp_path: Path) -> Iterator[type[Labeler]]:
-    layout = certs.ensure(tmp_path / "labeler", ips=("127.0.0.1",))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Labeler)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(layout.tls_cert, layout.tls_key)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    config = {
-        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "zz-labeler"},  # sorts after hami-mt-webhook: runs after ours
-        "webhooks": [{
-            "name": "labeler.e2e.example.com", "admissionReviewVersions": ["v1"], "sideEffects": "None",
-            "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/label",
-                             "caBundle": base64.b64encode(layout.bundle.read_bytes()).decode()},
-            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
-            "objectSelector": {"matchLabels": {"e2e-reinvoke": "yes"}},
-            "failurePolicy": "Fail", "timeoutSeconds": 3, "reinvocationPolicy": "IfNeeded"}],
-    }
-    controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump(config))
-    Labeler.calls = 0
+def labeler(controlplane, webhook, tmp_path: Path) -> Iterator[LoopbackWebhook]:
+    server = LoopbackWebhook(tmp_path / "labeler", label)
+    controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump(  # "zz-" sorts after hami-mt-webhook
+        server.configuration("zz-labeler", "/label", {"matchLabels": {"e2e-reinvoke": "yes"}})))
     try:
-        yield Labeler
+        yield server
     finally:
         controlplane.kubectl("delete", "mutatingwebhookconfiguration", "zz-labeler", check=False)
-        server.shutdown()
+        server.close()
 
 
 def test_reinvocation_keeps_the_result_correct_and_idempotent(controlplane, webhook, labeler):
@@ -145,14 +105,50 @@ SHRINK_LIMIT = (
     "resources: Object.spec.containers.resources{limits: {'mthreads.com/sgpu-memory': '20'}}}]}} : Object{}")
 
 
+def _slices(memory: str) -> dict[str, str]:
+    return {"mthreads.com/sgpu-memory": memory}
+
+
+#: The three mutations as a webhook's JSON Patches, for servers without MutatingAdmissionPolicy: the same
+#: changes, made once (a marker annotation), and only to pods ours has already sent to hami-scheduler.
+PATCHES: dict[str, Callable[[dict[str, Any]], list[dict[str, Any]]]] = {
+    "sidecar": lambda obj: [{"op": "add", "path": "/spec/containers/-", "value": {
+        "name": SIDECAR, "image": "busybox",
+        "resources": {"limits": {"mthreads.com/vgpu": "1", **_slices("20")}}}}],
+    "shrink": lambda obj: [{"op": "add", "path": f"/spec/containers/0/resources/{part}/mthreads.com~1sgpu-memory",
+                            "value": "20"} for part in ("limits", "requests")],
+    "shrink-limit": lambda obj: [{"op": "add", "path": "/spec/containers/0/resources/limits/mthreads.com~1sgpu-memory",
+                                  "value": "20"}],
+}
+MARKER = "e2e.hami-mt/changed-after"
+
+
+def after_ours(path: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    meta = obj["metadata"]
+    name = (meta.get("labels") or {}).get(MAP_LABEL, "")
+    if name not in PATCHES or obj["spec"].get("schedulerName") != "hami-scheduler" or \
+            MARKER in (meta.get("annotations") or {}):
+        return []
+    marker = [{"op": "add", "path": "/metadata/annotations", "value": {}}] if not meta.get("annotations") else []
+    marker.append({"op": "add", "path": f"/metadata/annotations/{MARKER.replace('/', '~1')}", "value": name})
+    return marker + PATCHES[name](obj)
+
+
 @pytest.fixture(scope="module")
-def policies(controlplane, webhook) -> Iterator[str]:
+def policies(controlplane, webhook, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ns = "e2e-map"
     controlplane.kubectl("create", "namespace", ns)
-    docs = [d for name, mutation in (("sidecar", INJECT_SIDECAR), ("shrink", SHRINK_MEMORY),
-                                     ("shrink-limit", SHRINK_LIMIT)) for d in policy(name, mutation)]
+    server = None
+    if serves_mutating_policies(controlplane):
+        docs = [d for name, mutation in (("sidecar", INJECT_SIDECAR), ("shrink", SHRINK_MEMORY),
+                                         ("shrink-limit", SHRINK_LIMIT)) for d in policy(name, mutation)]
+    else:
+        server = LoopbackWebhook(tmp_path_factory.mktemp("after-ours"), after_ours)
+        docs = [server.configuration("zz-after-ours", "/", {"matchExpressions": [
+            {"key": MAP_LABEL, "operator": "Exists"}]})]
     controlplane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
-    # The API server compiles policies from an informer: wait until each acts (a dry run stores nothing).
+    # The API server reads admission configurations from an informer: wait until each acts (a dry run stores
+    # nothing).
     for name, sign in (("sidecar", SIDECAR), ("shrink", 'container "c0": mthreads.com/sgpu-memory 20 (10 GiB)'),
                        ("shrink-limit", "limit 20 and request 64 differ")):
         probe = pod("probe", {VGPU: 1, MEMORY: 64}, labels={MAP_LABEL: name}, nodeSelector=ON_S5000)
@@ -161,12 +157,14 @@ def policies(controlplane, webhook) -> Iterator[str]:
             r = apply(controlplane, ns, probe, "--dry-run=server", "-o", "json")
             return sign in r.stdout + r.stderr
 
-        wait_for(f"policy {name} is in force", acts)
+        wait_for(f"the change {name} is in force", acts)
     try:
         yield ns
     finally:
         for d in reversed(docs):
             controlplane.kubectl("delete", d["kind"].lower(), d["metadata"]["name"], check=False)
+        if server is not None:
+            server.close()
 
 
 def test_a_sidecar_injected_after_the_webhook_is_snapped_and_checked(controlplane, webhook, policies):
