@@ -25,7 +25,8 @@ class ControlPlaneError(RuntimeError):
 
 
 def pinned_versions() -> list[str]:
-    """The Kubernetes versions pinned in controlplane/kubernetes/, oldest first: ["v1.30.14", ..., "v1.37.2"]."""
+    """The Kubernetes versions pinned in controlplane/kubernetes/, oldest first:
+    ["v1.30.14", ..., "v1.37.2"]."""
     found = []
     for go_mod in PINS_DIR.glob("v1.*/go.mod"):
         match = re.search(r"^require k8s\.io/kubernetes (v[0-9.]+)$", go_mod.read_text(), re.M)

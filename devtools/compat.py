@@ -62,8 +62,9 @@ def run_one(minor: str, pytest_args: list[str]) -> Outcome:
     except ControlPlaneError as e:
         outcome.problems.append(f"not built: {str(e).splitlines()[0]}")
         return outcome
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "e2e", "-rfEs", "-p", "no:cacheprovider",
-                           *pytest_args], cwd=REPO_ROOT, env={**_environ(), VERSION_ENV: minor},
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "e2e", "-rfEs", "-p",
+                           "no:cacheprovider", *pytest_args],
+                          cwd=REPO_ROOT, env={**_environ(), VERSION_ENV: minor},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outcome.minutes = (time.monotonic() - started) / 60
     for line in proc.stdout.splitlines():
@@ -98,7 +99,8 @@ def write(doc: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.compat", description=__doc__.splitlines()[0])
     parser.add_argument("--versions", help="comma-separated minors or versions (default: floor to newest)")
-    parser.add_argument("--write", action="store_true", help=f"put the table into {DOC.relative_to(REPO_ROOT)}")
+    parser.add_argument("--write", action="store_true",
+                        help=f"put the table into {DOC.relative_to(REPO_ROOT)}")
     parser.add_argument("pytest_args", nargs="*", help="after --: passed to pytest (e.g. -k one_hop)")
     args = parser.parse_args(argv)
     outcomes = []

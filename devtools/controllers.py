@@ -33,9 +33,9 @@ IGNORED_RESOURCES = ("mthreads.com/vgpu",)
 #: Workloads create their pods, quotas are counted, deleted namespaces and owners take their objects along.
 #: Not the node lifecycle controller: no kubelet keeps a Ready condition fresh, so it would taint every
 #: node and evict its pods.
-CONTROLLERS = ("deployment-controller", "replicaset-controller", "statefulset-controller", "daemonset-controller",
-               "job-controller", "cronjob-controller", "resourcequota-controller", "namespace-controller",
-               "garbage-collector-controller", "serviceaccount-controller")
+CONTROLLERS = ("deployment-controller", "replicaset-controller", "statefulset-controller",
+               "daemonset-controller", "job-controller", "cronjob-controller", "resourcequota-controller",
+               "namespace-controller", "garbage-collector-controller", "serviceaccount-controller")
 
 
 def scheduler_config(kubeconfig: Path) -> dict:
@@ -49,7 +49,8 @@ def scheduler_config(kubeconfig: Path) -> dict:
     }
 
 
-#: The API server has no front-proxy CA for them to look up, and each would log its absence many times a second.
+#: The API server has no front-proxy CA for them to look up, and each would log its absence many times a
+#: second.
 _QUIET = ("--authentication-skip-lookup=true",)
 
 
@@ -69,7 +70,8 @@ def scheduler_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, p
             *_QUIET]
 
 
-def controller_manager_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, port: int) -> list[str]:
+def controller_manager_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path,
+                           port: int) -> list[str]:
     return [
         str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}", *_QUIET,

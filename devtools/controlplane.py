@@ -6,28 +6,37 @@ against the API server that calls it, so the tests run one: envtest-style, no ku
 workloads create their pods and pods are bound to nodes; pods are still never run.
 
 Only `certs` is used from the package, so the module can start a cluster for any part of it. The
-binaries come from `devtools.binaries`, the certificates from `devtools.pki`, the CLI is
-`devtools.controlplane_cli`.
+binaries come from `devtools.binaries`, the certificates from `devtools.pki`.
+
+`python -m devtools.controlplane up|down` (the end of this module) runs one from a shell and stops it
+from another.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import shutil
+import signal
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 import weakref
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from devtools import controllers, pki
 from devtools.binaries import ControlPlaneError, binaries
 
 # Ports, child processes and cleanup: devtools.procs, shared with `make run` and the benchmark.
+from devtools.procs import STOP_GRACE_S
 from devtools.procs import cleanup as _cleanup
 from devtools.procs import free_ports as _free_ports
 from devtools.procs import spawn as _spawn
@@ -35,9 +44,6 @@ from devtools.procs import tail as _tail
 from hami_mt_webhook.service import certs
 
 __all__ = ["ControlPlane", "ControlPlaneError", "KubectlError", "binaries"]
-
-#: How long one process gets between SIGTERM and SIGKILL.
-STOP_GRACE_S = 10.0
 
 
 class KubectlError(subprocess.CalledProcessError):
@@ -61,7 +67,8 @@ class ControlPlane:
     """
 
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, keep: bool = False,
-                 ready_timeout: float = 90.0, apiserver_args: Sequence[str] = (), controllers: bool = False) -> None:
+                 ready_timeout: float = 90.0, apiserver_args: Sequence[str] = (),
+                 controllers: bool = False) -> None:
         self._bin_dir = bin_dir
         self._parent_dir = workdir
         self.keep = keep
@@ -156,8 +163,8 @@ class ControlPlane:
             self.etcd_client_port, self.etcd_peer_port, self.apiserver_port = _free_ports(3)
             self._start_etcd(bin_dir)
             self._start_apiserver(bin_dir)
-            pki.write_kubeconfig(self.kubeconfig, self.server, self.ca_pem, "admin", self.workdir / "admin.crt",
-                                 self.workdir / "admin.key")
+            pki.write_kubeconfig(self.kubeconfig, self.server, self.ca_pem, "admin",
+                                 self.workdir / "admin.crt", self.workdir / "admin.key")
             if self.controllers:
                 self._start_controllers(bin_dir)
         except BaseException:
@@ -167,7 +174,8 @@ class ControlPlane:
         return self
 
     def stop(self) -> None:
-        """Stop the processes newest first, etcd last; remove the work dir unless `keep`. Safe to call twice."""
+        """Stop the processes newest first, etcd last; remove the work dir unless `keep`. Safe to call
+        twice."""
         if self._finalizer is not None:
             self._finalizer()
 
@@ -200,7 +208,8 @@ class ControlPlane:
             "--unsafe-no-fsync",  # throwaway data: durability costs seconds per test run
         ], log)
         self._procs.append(proc)
-        self._wait("etcd", proc, log, f"{client}/health", lambda body: json.loads(body).get("health") == "true")
+        self._wait("etcd", proc, log, f"{client}/health",
+                   lambda body: json.loads(body).get("health") == "true")
 
     def _apiserver_cmd(self, bin_dir: Path) -> list[str]:
         d = self.workdir
@@ -220,7 +229,8 @@ class ControlPlane:
             "ValidatingAdmissionPolicy",
             # ServiceAccount: without a controller-manager no `default` ServiceAccount exists, and with one a
             # pod created at once in a new namespace would race it. TaintNodesByCondition: its not-ready taint
-            # is lifted only by the node lifecycle controller, which has no kubelets to hear from (controllers).
+            # is lifted only by the node lifecycle controller, which has no kubelets to hear from
+            # (controllers).
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             f"--admission-control-config-file={d / 'admission.yaml'}",
             "--allow-privileged=true",
@@ -250,7 +260,8 @@ class ControlPlane:
         self._start_apiserver(self.bin_dir)
 
     def _start_controllers(self, bin_dir: Path) -> None:
-        """kube-controller-manager and kube-scheduler, each as its bootstrap identity, healthy before we return."""
+        """kube-controller-manager and kube-scheduler, each as its bootstrap identity, healthy before we
+        return."""
         assert self._ca is not None
         d = self.workdir
         for name, command in (("kube-controller-manager", controllers.controller_manager_cmd),
@@ -260,13 +271,15 @@ class ControlPlane:
             log = d / f"{name}.log"
             proc = _spawn(command(bin_dir, d, self._ca, kubeconfig, port), log)
             self._procs.append(proc)
-            self._wait(name, proc, log, f"https://127.0.0.1:{port}/healthz", lambda body: body.strip() == b"ok")
+            self._wait(name, proc, log, f"https://127.0.0.1:{port}/healthz",
+                       lambda body: body.strip() == b"ok")
 
     def _opener(self) -> urllib.request.OpenerDirector:
         """An HTTP(S) client that trusts our CA, presents the admin cert and ignores proxy settings."""
         ctx = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
         ctx.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
-        return urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=ctx))
+        return urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                           urllib.request.HTTPSHandler(context=ctx))
 
     def _wait(self, what: str, proc: subprocess.Popen[bytes], log: Path, url: str,
               ok: Callable[[bytes], bool]) -> None:
@@ -289,14 +302,14 @@ class ControlPlane:
             except (OSError, ValueError) as e:
                 last = repr(e)
             if time.monotonic() > deadline:
-                raise ControlPlaneError(f"{what} not ready at {url} after {self.ready_timeout:.0f}s; last answer: "
-                                        f"{last}\nend of {log}:\n{_tail(log)}")
+                raise ControlPlaneError(f"{what} not ready at {url} after {self.ready_timeout:.0f}s; last "
+                                        f"answer: {last}\nend of {log}:\n{_tail(log)}")
             time.sleep(0.2)
 
     # kubectl ------------------------------------------------------------------------------------------
 
-    def kubectl(self, *args: str, kubeconfig: Path | None = None, input: str | None = None, check: bool = True,
-                timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def kubectl(self, *args: str, kubeconfig: Path | None = None, input: str | None = None,
+                check: bool = True, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
         """Run the built kubectl (as admin unless `kubeconfig` says otherwise) and capture its output."""
         cmd = [str(self.bin_dir / "kubectl"), f"--kubeconfig={kubeconfig or self.kubeconfig}", *args]
         result = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
@@ -305,7 +318,132 @@ class ControlPlane:
         return result
 
 
-if __name__ == "__main__":
-    from devtools.controlplane_cli import main
+# --- `python -m devtools.controlplane up|down` ------------------------------------------------------------
+# `up` writes a state file (pids with their start times, ports, paths) into `--dir`; `down` reads it,
+# asks `up` to stop its children in order, and kills whatever a SIGKILLed `up` left behind.
 
+DEFAULT_RUN_DIR = Path.home() / ".cache" / "hami-mt-webhook" / "run"
+STATE_FILE = "controlplane.json"
+KUBECONFIG_FILE = "admin.kubeconfig"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m devtools.controlplane up|down`."""
+    parser = argparse.ArgumentParser(prog="python -m devtools.controlplane",
+                                     description="run a local etcd, kube-apiserver, kube-controller-manager "
+                                                 "and kube-scheduler on loopback")
+    actions = parser.add_subparsers(dest="controlplane_action", required=True)
+    up = actions.add_parser("up", help="start, print the kubeconfig, and run until SIGINT/SIGTERM/SIGHUP")
+    down = actions.add_parser("down", help=f"stop what `up` started (read from <dir>/{STATE_FILE})")
+    for p in (up, down):
+        p.add_argument("--dir", type=Path, default=DEFAULT_RUN_DIR,
+                       help=f"where the state file and the work dir live (default: {DEFAULT_RUN_DIR})")
+    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for the API server")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.controlplane_action == "up":
+        return _up(Path(args.dir).expanduser(), args.timeout)
+    return _down(Path(args.dir).expanduser())
+
+
+def _proc_start(pid: int) -> str | None:
+    """The process's start time in clock ticks: tells a live process from a reused pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    return None if fields[0] == "Z" else fields[19]
+
+
+def _same_process(entry: dict[str, Any]) -> bool:
+    pid, start = entry.get("pid"), entry.get("start")
+    return isinstance(pid, int) and start is not None and _proc_start(pid) == start
+
+
+def _up(run_dir: Path, timeout: float) -> int:
+    state_path, kubeconfig = run_dir / STATE_FILE, run_dir / KUBECONFIG_FILE
+    if state_path.exists():
+        state = json.loads(state_path.read_text())
+        if _same_process(state.get("up", {})):
+            print(f"a control plane is already running (pid {state['up']['pid']}); "
+                  f"run `controlplane down --dir {run_dir}` first", file=sys.stderr)
+            return 1
+    stopping = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stopping.set())
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}  # SIGHUP: the terminal closed
+    cp = ControlPlane(workdir=run_dir, ready_timeout=timeout, controllers=True)
+    try:
+        try:
+            cp.start()
+        except ControlPlaneError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        entry = {name: {"pid": pid, "start": _proc_start(pid)} for name, pid in cp.pids.items()}
+        state = {
+            "up": {"pid": os.getpid(), "start": _proc_start(os.getpid())},
+            **entry,
+            "ports": {"etcd_client": cp.etcd_client_port, "etcd_peer": cp.etcd_peer_port,
+                      "apiserver": cp.apiserver_port},
+            "server": cp.server, "kubeconfig": str(kubeconfig), "workdir": str(cp.workdir),
+        }
+        # A path that stays the same across restarts, so one `export KUBECONFIG` keeps working.
+        certs.write_atomic(kubeconfig, cp.kubeconfig.read_bytes(), 0o600)
+        certs.write_atomic(state_path, json.dumps(state, indent=2).encode())
+        print(f"control plane ready in {cp.startup_seconds:.1f}s at {cp.server}", file=sys.stderr)
+        print(kubeconfig)
+        print(f"export KUBECONFIG={kubeconfig}", flush=True)
+        while not stopping.wait(1.0):
+            if exited := cp.exited():
+                print(f"error: {', '.join(exited)} exited; see the logs in {cp.workdir}", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        cp.stop()
+        state_path.unlink(missing_ok=True)
+        kubeconfig.unlink(missing_ok=True)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _down(run_dir: Path) -> int:
+    state_path = run_dir / STATE_FILE
+    if not state_path.exists():
+        print(f"nothing to stop: no {state_path}", file=sys.stderr)
+        return 0
+    state = json.loads(state_path.read_text())
+    up = state.get("up", {})
+    if _same_process(up):  # let `up` stop its children in order and clean up after itself
+        os.kill(up["pid"], signal.SIGTERM)
+        _wait_gone(up, 2 * STOP_GRACE_S + 5)
+    # Whatever is left, e.g. after `up` was SIGKILLed; clients of the API server first, etcd last.
+    for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        entry = state.get(name, {})
+        if _same_process(entry):
+            os.kill(entry["pid"], signal.SIGTERM)
+            if not _wait_gone(entry, STOP_GRACE_S):
+                os.kill(entry["pid"], signal.SIGKILL)
+                _wait_gone(entry, 5)
+    workdir = Path(state.get("workdir", ""))
+    if workdir.is_relative_to(run_dir) and workdir != run_dir:  # never remove anything outside --dir
+        shutil.rmtree(workdir, ignore_errors=True)
+    (run_dir / KUBECONFIG_FILE).unlink(missing_ok=True)
+    state_path.unlink(missing_ok=True)
+    print("control plane stopped", file=sys.stderr)
+    return 0
+
+
+def _wait_gone(entry: dict[str, Any], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _same_process(entry):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+if __name__ == "__main__":
     sys.exit(main())

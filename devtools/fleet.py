@@ -25,9 +25,10 @@ CONDITIONS = (("MemoryPressure", "False", "KubeletHasSufficientMemory"),
               ("PIDPressure", "False", "KubeletHasSufficientPID"),
               ("NetworkUnavailable", "False", "RouteCreated"),
               ("Ready", "True", "KubeletReady"))
-IMAGES = ("musa-runtime", "pytorch-musa", "vllm-musa", "triton-musa", "mt-device-plugin", "hami-device-plugin",
-          "kube-proxy", "calico-node", "node-exporter", "dcgm-exporter", "fluent-bit", "coredns", "pause",
-          "nccl-tests", "mccl-tests", "jupyter-musa", "ray-musa", "deepspeed-musa", "megatron-musa", "mpi-operator")
+IMAGES = ("musa-runtime", "pytorch-musa", "vllm-musa", "triton-musa", "mt-device-plugin",
+          "hami-device-plugin", "kube-proxy", "calico-node", "node-exporter", "dcgm-exporter", "fluent-bit",
+          "coredns", "pause", "nccl-tests", "mccl-tests", "jupyter-musa", "ray-musa", "deepspeed-musa",
+          "megatron-musa", "mpi-operator")
 
 
 def model_of(i: int) -> Model:
@@ -55,9 +56,10 @@ def node(i: int, *, heartbeat: str = "2026-12-01T08:00:00Z") -> dict[str, Any]:
         tag = f"v{1 + k // len(IMAGES)}.{(i + k) % 7}.{k % 5}"
         images.append({"names": [f"{repo}@sha256:{_digest(repo, tag)}", f"{repo}:{tag}"],
                        "sizeBytes": 50_000_000 + 7_919 * k * (1 + i % 13)})
-    capacity = {"cpu": model.cpu, "memory": "1056887436Ki" if cards > 1 else "528443718Ki",  # kubelet counts KiB
-                "pods": "110", "ephemeral-storage": "3843516548Ki", "hugepages-1Gi": "0", "hugepages-2Mi": "0",
-                **model.capacity()}
+    capacity = {"cpu": model.cpu,
+                "memory": "1056887436Ki" if cards > 1 else "528443718Ki",  # kubelet counts KiB
+                "pods": "110", "ephemeral-storage": "3843516548Ki", "hugepages-1Gi": "0",
+                "hugepages-2Mi": "0", **model.capacity()}
     allocatable = {**capacity, "cpu": "127500m" if cards > 1 else "63500m",
                    "memory": "1056270000Ki" if cards > 1 else "527800000Ki"}
     return {
@@ -78,7 +80,8 @@ def node(i: int, *, heartbeat: str = "2026-12-01T08:00:00Z") -> dict[str, Any]:
         "status": {
             "capacity": capacity, "allocatable": allocatable,
             "conditions": conditions(heartbeat),
-            "addresses": [{"type": "InternalIP", "address": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"},
+            "addresses": [{"type": "InternalIP",
+                           "address": f"10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}"},
                           {"type": "Hostname", "address": name}],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
             "nodeInfo": {"machineID": _digest("machine", i)[:32], "systemUUID": _digest("uuid", i)[:32],
@@ -109,7 +112,8 @@ def admin_context(cp: Any) -> ssl.SSLContext:
 
 
 def session(server: str, context: ssl.SSLContext, connections: int = 32) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(base_url=server, connector=aiohttp.TCPConnector(ssl=context, limit=connections),
+    return aiohttp.ClientSession(base_url=server,
+                                 connector=aiohttp.TCPConnector(ssl=context, limit=connections),
                                  headers={"Accept-Encoding": "identity"})
 
 
@@ -124,7 +128,8 @@ async def create(s: aiohttp.ClientSession, numbers: Iterable[int], concurrency: 
             async with s.post("/api/v1/nodes", data=orjson.dumps(body),
                               headers={"Content-Type": "application/json"}) as r:
                 if r.status not in (201, 409):
-                    raise RuntimeError(f"creating node {obj['metadata']['name']}: HTTP {r.status} {await r.text()}")
+                    raise RuntimeError(f"creating node {obj['metadata']['name']}: HTTP {r.status} "
+                                       f"{await r.text()}")
             await set_status(s, obj["metadata"]["name"], obj["status"])
 
     await asyncio.gather(*(one(i) for i in numbers))

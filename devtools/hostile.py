@@ -49,7 +49,8 @@ def client_hello() -> bytes:
 def post(path: str, body: bytes, *, close: bool = False, extra: str = "") -> bytes:
     """An HTTP/1.1 POST of a JSON body, as bytes."""
     head = (f"POST {path} HTTP/1.1\r\nHost: {HOST}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n{'Connection: close' + chr(13) + chr(10) if close else ''}{extra}\r\n")
+            f"Content-Length: {len(body)}\r\n"
+            f"{'Connection: close' + chr(13) + chr(10) if close else ''}{extra}\r\n")
     return head.encode() + body
 
 
@@ -225,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     body = b""
     if a.kind in ("big", "slow-read"):
-        from devtools.bench.workload import pod, review_body
+        from devtools.cluster import pod, review_body
 
         obj = pod("slice")
         if a.kind == "big":

@@ -39,7 +39,8 @@ def helm(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
     home = cp.workdir / "helm"
     env = {**os.environ, "KUBECONFIG": str(cp.kubeconfig), "HELM_CACHE_HOME": str(home / "cache"),
            "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
-    done = subprocess.run([str(cp.bin_dir / "helm"), *args], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run([str(cp.bin_dir / "helm"), *args], capture_output=True, text=True, env=env,
+                          timeout=300)
     if done.returncode != 0:
         raise RuntimeError(f"helm {' '.join(args[:2])} failed: {done.stderr.strip()}")
     return done
@@ -57,7 +58,8 @@ def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
         cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(obj))
         capacity = (node.get("status") or {}).get("capacity") or {}
         status = {"status": {"capacity": capacity, "allocatable": capacity}}
-        cp.kubectl("patch", "node", meta["name"], "--subresource=status", "--type=merge", "-p", yaml.safe_dump(status))
+        cp.kubectl("patch", "node", meta["name"], "--subresource=status", "--type=merge", "-p",
+                   yaml.safe_dump(status))
         names.append(meta["name"])
     return names
 
@@ -93,7 +95,8 @@ class LocalWebhook:
     def install(self, url: str | None = None) -> None:
         """Apply the manifests' local overlay (calling `url`, by default this process) and write a
         kubeconfig for the shipped ServiceAccount."""
-        overlay = manifests.local_overlay(self.workdir / "overlay", url or self.url, self.certs.bundle.read_bytes())
+        overlay = manifests.local_overlay(self.workdir / "overlay", url or self.url,
+                                          self.certs.bundle.read_bytes())
         self.cp.kubectl("apply", "-k", str(overlay))
         self._login()
 
@@ -110,8 +113,10 @@ class LocalWebhook:
         self._login()
 
     def _login(self) -> None:
-        """A kubeconfig for the ServiceAccount the manifests or the chart made: the webhook runs with their RBAC."""
-        token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE, "--duration=24h").stdout.strip()
+        """A kubeconfig for the ServiceAccount the manifests or the chart made: the webhook runs with their
+        RBAC."""
+        token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE,
+                                "--duration=24h").stdout.strip()
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "webhook",
             "clusters": [{"name": "local", "cluster": {"server": self.api_server,
@@ -121,12 +126,14 @@ class LocalWebhook:
         }
         certs.write_atomic(self.kubeconfig, yaml.safe_dump(config).encode(), 0o600)
 
-    #: How `serve` starts: this interpreter's package by default; the e2e tier sets the installed wheel's command.
+    #: How `serve` starts: this interpreter's package by default; the e2e tier sets the installed wheel's
+    #: command.
     command_prefix: tuple[str, ...] = (sys.executable, "-m", "hami_mt_webhook")
 
     def command(self) -> list[str]:
         return [*self.command_prefix, "serve", "--listen", "127.0.0.1",
-                "--port", str(self.port), "--health-listen", "127.0.0.1", "--health-port", str(self.health_port),
+                "--port", str(self.port), "--health-listen", "127.0.0.1",
+                "--health-port", str(self.health_port),
                 "--metrics-port", str(self.metrics_port), "--cert-file", str(self.certs.tls_cert),
                 "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]
 
@@ -172,7 +179,8 @@ class LocalWebhook:
 
 #: Signals that end `make run`: Ctrl-C, `kill`, and a closed terminal.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-#: Seconds between the webhook's exit and its restart, doubled after each failed start up to MAX_RESTART_DELAY.
+#: Seconds between the webhook's exit and its restart, doubled after each failed start up to
+#: MAX_RESTART_DELAY.
 RESTART_DELAY = 10.0
 MAX_RESTART_DELAY = 60.0
 
@@ -237,7 +245,8 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
     cp = ControlPlane(workdir=base, controllers=True)
     webhook: LocalWebhook | None = None
     try:
-        say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler (the first run builds them) ...")
+        say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler (the first run builds "
+            "them) ...")
         cp.start()
         webhook = LocalWebhook(cp, cp.workdir)
         if installer == "helm":
@@ -256,8 +265,8 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
         if webhook is not None:
             webhook.stop()
         cp.stop()
-        say(f"stopped: the webhook, kube-scheduler, kube-controller-manager, kube-apiserver and etcd have exited, "
-            f"and {cp.workdir} is removed")
+        say(f"stopped: the webhook, kube-scheduler, kube-controller-manager, kube-apiserver and etcd have "
+            f"exited, and {cp.workdir} is removed")
 
 
 #: The nodes' slice capacities as `kubectl get nodes -o custom-columns=...` shows them; printed on one line,
@@ -266,16 +275,17 @@ COLUMNS = ("NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,"
            "MEMORY:.status.capacity.mthreads\\.com/sgpu-memory")
 
 
-def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, installer: str = "kustomize") -> str:
+def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float,
+            installer: str = "kustomize") -> str:
     kubectl = cp.bin_dir / "kubectl"
     pid = webhook.proc.pid if webhook.proc else "?"
-    how = (f"installed with the Helm chart as release {RELEASE} in namespace {NAMESPACE}; its webhooks call the "
-           "process above" if installer == "helm" else
+    how = (f"installed with the Helm chart as release {RELEASE} in namespace {NAMESPACE}; its webhooks "
+           "call the process above" if installer == "helm" else
            "installed with the kustomize manifests (make run INSTALL=helm installs the Helm chart instead)")
     chart = "" if installer != "helm" else (
         f"  alias helm={cp.bin_dir / 'helm'}\n"
-        f"  helm -n {NAMESPACE} list; helm -n {NAMESPACE} upgrade {RELEASE} {CHART.relative_to(CHART.parents[1])} "
-        "--reuse-values --set enforcement=warn\n")
+        f"  helm -n {NAMESPACE} list; helm -n {NAMESPACE} upgrade {RELEASE} "
+        f"{CHART.relative_to(CHART.parents[1])} --reuse-values --set enforcement=warn\n")
     return f"""
 hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
 (control plane ready in {cp.startup_seconds:.1f} s; webhook pid {pid}, log: {webhook.log}),
@@ -328,15 +338,16 @@ def main(argv: list[str] | None = None) -> int:
     """`make run`: `python -m devtools.local [--dir DIR] [--restart-delay SECONDS]`."""
     parser = argparse.ArgumentParser(
         prog="python -m devtools.local",
-        description="Start a local etcd + kube-apiserver, the webhook and the example nodes; restart the webhook "
-                    "when it exits; stop everything on SIGINT, SIGTERM or SIGHUP.")
+        description="Start a local etcd + kube-apiserver, the webhook and the example nodes; restart the "
+                    "webhook when it exits; stop everything on SIGINT, SIGTERM or SIGHUP.")
     parser.add_argument("--dir", type=Path, default=None,
-                        help="where the run directory is made (and removed at the end) [~/.cache/hami-mt-webhook/run]")
+                        help="where the run directory is made (and removed at the end) "
+                             "[~/.cache/hami-mt-webhook/run]")
     parser.add_argument("--restart-delay", type=float, default=RESTART_DELAY,
                         help=f"seconds between the webhook's exit and its restart [{RESTART_DELAY:g}]")
     parser.add_argument("--install", choices=["kustomize", "helm"], default="kustomize",
-                        help="how the webhook's objects are installed: the kustomize manifests, or the Helm chart "
-                             "[kustomize]")
+                        help="how the webhook's objects are installed: the kustomize manifests, or the Helm "
+                             "chart [kustomize]")
     args = parser.parse_args(argv)
     return try_it(args.dir, args.restart_delay, installer=args.install)
 

@@ -72,8 +72,10 @@ def write_kubeconfig(path: Path, server: str, ca_pem: bytes, user: str, cert: Pa
 
     config = {
         "apiVersion": "v1", "kind": "Config", "preferences": {},
-        "clusters": [{"name": CLUSTER_NAME, "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
-        "users": [{"name": user, "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
+        "clusters": [{"name": CLUSTER_NAME,
+                      "cluster": {"server": server, "certificate-authority-data": b64(ca_pem)}}],
+        "users": [{"name": user,
+                   "user": {"client-certificate-data": b64(cert), "client-key-data": b64(key)}}],
         "contexts": [{"name": user, "context": {"cluster": CLUSTER_NAME, "user": user}}],
         "current-context": user,
     }

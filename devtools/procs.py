@@ -88,7 +88,8 @@ def signal_group(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def terminate(proc: subprocess.Popen[Any], grace: float = STOP_GRACE_S, sig: int = signal.SIGTERM) -> int | None:
+def terminate(proc: subprocess.Popen[Any], grace: float = STOP_GRACE_S,
+              sig: int = signal.SIGTERM) -> int | None:
     """Send `sig` to the child's process group, SIGKILL the group after `grace` seconds, reap; the exit code.
 
     Only while the child is unreaped: after that its pid, and so its group id, may belong to someone else.

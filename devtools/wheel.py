@@ -62,7 +62,8 @@ def build(dest: Path) -> Path:
                 shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
             else:
                 shutil.copy2(ROOT / name, src / name)
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(src)])
+        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest),
+              str(src)])
     wheels = sorted(dest.glob("hami_mt_webhook-*.whl"))
     if len(wheels) != 1:
         raise RuntimeError(f"expected one wheel in {dest}, found {[w.name for w in wheels]}")
@@ -75,7 +76,8 @@ def install(dest: Path) -> Installed:
     env_dir = dest / "venv"
     venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
     installed = Installed(env_dir, wheel)
-    _run([str(installed.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check", str(wheel)])
+    _run([str(installed.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+          str(wheel)])
     return installed
 
 
@@ -83,7 +85,8 @@ def source_key() -> str:
     """A digest of everything the wheel is built from (the package, pyproject.toml, README) and the Python."""
     h = hashlib.sha256(sys.version.encode())
     files = [ROOT / "pyproject.toml", ROOT / "setup.py", ROOT / "README.md",
-             *sorted(p for p in (ROOT / "hami_mt_webhook").rglob("*") if p.is_file() and "__pycache__" not in p.parts)]
+             *sorted(p for p in (ROOT / "hami_mt_webhook").rglob("*")
+                     if p.is_file() and "__pycache__" not in p.parts)]
     for path in files:
         h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
@@ -105,7 +108,8 @@ def install_cached(cache: Path = CACHE) -> Installed:
             shutil.rmtree(done, ignore_errors=True)  # an install that was cut short
             install(done)
             (done / "ok").write_text(key + "\n")
-    entries = sorted((p for p in cache.iterdir() if (p / "ok").exists()), key=lambda p: (p / "ok").stat().st_mtime)
+    entries = sorted((p for p in cache.iterdir() if (p / "ok").exists()),
+                     key=lambda p: (p / "ok").stat().st_mtime)
     for old in entries[:-KEEP]:
         if time.time() - (old / "ok").stat().st_mtime > STALE:
             shutil.rmtree(old, ignore_errors=True)

@@ -32,8 +32,8 @@ def nodes_view() -> ClusterView:
     return ClusterView([S4000, S5000])
 
 
-def container(name: str = "main", limits: dict[str, Any] | None = None, requests: dict[str, Any] | None = None,
-              **fields: Any) -> dict[str, Any]:
+def container(name: str = "main", limits: dict[str, Any] | None = None,
+              requests: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
     """One container; `limits`/`requests` are resource maps (None leaves the key out)."""
     out: dict[str, Any] = {"name": name, "image": "registry.example.com/mthreads/musa-runtime:latest"}
     resources: dict[str, Any] = {}
@@ -94,6 +94,19 @@ def make_pod(*containers: dict[str, Any], name: str = "pod", namespace: str = "d
                      "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst"})
     body.update(spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": body}
+
+
+#: `kubectl debug`'s ephemeral container beside container "c", and the same run privileged.
+DEBUGGER = {"name": "debugger", "image": "busybox", "targetContainerName": "c"}
+ROOT_DEBUGGER = {**DEBUGGER, "name": "root", "securityContext": {"privileged": True}}
+
+
+def bound_pod(*ephemeral_containers: dict[str, Any]) -> dict[str, Any]:
+    """A bound slice pod, as the API server presents it on UPDATE of pods/ephemeralcontainers."""
+    body = make_pod(container("c", {VGPU: "1", MEMORY: "32", CORE: "8"}), schedulerName=SCHEDULER,
+                    nodeName="s5000-node", annotations={"mthreads.com/predicate-node": "s5000-node"})
+    body["spec"]["ephemeralContainers"] = list(ephemeral_containers)
+    return body
 
 
 def review_body(pod: Any, operation: str = "CREATE", uid: str | None = None, dry_run: bool = False,

@@ -1,4 +1,5 @@
-"""Shared fixtures: settings, a two-model node view, pod builders, certificates and a running webhook."""
+"""Shared fixtures: settings, a two-model node view, pod builders, certificates, a running webhook and the
+kustomize base's documents."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from devtools import manifests
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import certs, server
@@ -36,6 +38,13 @@ def nodes_view() -> ClusterView:
 def make_pod() -> Callable[..., dict[str, Any]]:
     """builders.make_pod: a Pod as the API server presents it to admission."""
     return _make_pod
+
+
+@pytest.fixture(scope="module")
+def docs() -> list[dict[str, Any]]:
+    """The kustomize base's documents (devtools.manifests.load), in its order: for the tests of manifests/,
+    devtools.manifests and admission.configurations."""
+    return manifests.load()
 
 
 @pytest.fixture

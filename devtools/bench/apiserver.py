@@ -16,7 +16,8 @@ import orjson
 
 from devtools import fleet
 from devtools.bench.report import Histogram, Section, fmt, histograms, percentile, table
-from devtools.bench.workload import EXPECT, KINDS, cluster, pod
+from devtools.bench.workload import EXPECT, KINDS, cluster
+from devtools.cluster import pod
 
 #: kube-apiserver's histogram of the time each webhook call takes.
 API_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
@@ -43,14 +44,16 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             result = asyncio.run(_drive_pods(cp, hook, opts))
         finally:
             hook.stop()
-    mutate, validate, own, client, statuses, bounds = (result.mutate, result.validate, result.own, result.client,
-                                                       result.statuses, result.bounds)
+    mutate, validate, own, client, statuses, bounds = (result.mutate, result.validate, result.own,
+                                                       result.client, result.statuses, result.bounds)
     rows = []
-    for label, h in (("mutating (" + mutate[0] + ")", mutate[1]), ("validating (" + validate[0] + ")", validate[1])):
+    for label, h in (("mutating (" + mutate[0] + ")", mutate[1]),
+                     ("validating (" + validate[0] + ")", validate[1])):
         if not h.count:  # the validating webhook is called only for a pod changed after the mutating one
             continue
-        rows.append((f"API server: {label}", f"{h.count:,.0f}", fmt(h.quantile(0.5) * 1e3), fmt(h.quantile(0.99) * 1e3),
-                     fmt(h.mean * 1e3), f"{h.share_within(bounds[0]):.1%}" if bounds else "–"))
+        rows.append((f"API server: {label}", f"{h.count:,.0f}", fmt(h.quantile(0.5) * 1e3),
+                     fmt(h.quantile(0.99) * 1e3), fmt(h.mean * 1e3),
+                     f"{h.share_within(bounds[0]):.1%}" if bounds else "–"))
     for name, h in own.items():
         rows.append((f"webhook's own histogram: /{name}", f"{h.count:,.0f}", fmt(h.quantile(0.5) * 1e3, 3),
                      fmt(h.quantile(0.99) * 1e3, 3), fmt(h.mean * 1e3, 3), ""))
@@ -67,20 +70,22 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         "",
         *table(["what", "reviews", "p50 ms", "p99 ms", "mean ms", f"share {first}"], rows),
         "",
-        "API server bucket bounds (s): " + ", ".join(f"{b:g}" for b in bounds) + ". Its buckets are coarse, so "
-        "p50 and p99 are linear guesses inside a bucket (`histogram_quantile`); the mean (sum/count) is exact. "
-        "The webhook's own histogram (`hami_mt_webhook_review_duration_seconds`) times the body read to "
-        "the response built; the difference to the API server's mean is the HTTP, TLS and JSON round trip. "
-        "The validating webhook is called only for a pod that something changed after the mutating one "
-        f"(the `hami-mt.mthreads.com/admitted` record): {validate[1].count:,.0f} calls here.",
+        "API server bucket bounds (s): " + ", ".join(f"{b:g}" for b in bounds)
+        + ". Its buckets are coarse, so "
+        "p50 and p99 are linear guesses inside a bucket (`histogram_quantile`); the mean (sum/count) is "
+        "exact. The webhook's own histogram (`hami_mt_webhook_review_duration_seconds`) times the body read "
+        "to the response built; the difference to the API server's mean is the HTTP, TLS and JSON round "
+        "trip. The validating webhook is called only for a pod that something changed after the mutating "
+        f"one (the `hami-mt.mthreads.com/admitted` record): {validate[1].count:,.0f} calls here.",
         "",
         "Pod creations answered: " + ", ".join(f"HTTP {k}: {v}" for k, v in sorted(statuses.items()))
         + " (the denied kind is expected to get 403).",
     ]
     h = mutate[1]
     sec.reading.append(
-        f"Through kube-apiserver at {opts.rate:g} pods/s the mutating webhook adds {h.mean * 1e3:.2f} ms on average "
-        f"(p50 ≈ {h.quantile(0.5) * 1e3:.2f} ms, p99 ≈ {h.quantile(0.99) * 1e3:.2f} ms from coarse buckets), "
+        f"Through kube-apiserver at {opts.rate:g} pods/s the mutating webhook adds {h.mean * 1e3:.2f} ms on "
+        f"average (p50 ≈ {h.quantile(0.5) * 1e3:.2f} ms, p99 ≈ {h.quantile(0.99) * 1e3:.2f} ms from "
+        "coarse buckets), "
         + (f"the validating one {validate[1].mean * 1e3:.2f} ms" if validate[1].count else
            "the validating one is not called (no pod is changed after the mutating webhook)")
         + f"; a pod create takes {percentile(client, 50):.1f} ms (p50) end to end.")
@@ -95,11 +100,13 @@ async def _create_nodes(cp: Any, nodes: list[dict[str, Any]]) -> None:
             meta = {"name": n["metadata"]["name"], "labels": n["metadata"]["labels"]}
             capacity = n["status"]["capacity"]
             async with gate:
-                async with s.post("/api/v1/nodes", json={"apiVersion": "v1", "kind": "Node", "metadata": meta}) as r:
+                async with s.post("/api/v1/nodes",
+                                  json={"apiVersion": "v1", "kind": "Node", "metadata": meta}) as r:
                     if r.status not in (201, 409):
                         raise RuntimeError(f"creating node {meta['name']}: HTTP {r.status} {await r.text()}")
                 async with s.patch(f"/api/v1/nodes/{meta['name']}/status",
-                                   data=orjson.dumps({"status": {"capacity": capacity, "allocatable": capacity}}),
+                                   data=orjson.dumps({"status": {"capacity": capacity,
+                                                                 "allocatable": capacity}}),
                                    headers={"Content-Type": "application/merge-patch+json"}) as r:
                     if r.status != 200:
                         raise RuntimeError(f"patching node {meta['name']}: HTTP {r.status} {await r.text()}")
@@ -108,7 +115,8 @@ async def _create_nodes(cp: Any, nodes: list[dict[str, Any]]) -> None:
 
 
 def _admin_session(cp: Any) -> aiohttp.ClientSession:
-    return aiohttp.ClientSession(base_url=cp.server, connector=aiohttp.TCPConnector(ssl=fleet.admin_context(cp)))
+    return aiohttp.ClientSession(base_url=cp.server,
+                                 connector=aiohttp.TCPConnector(ssl=fleet.admin_context(cp)))
 
 
 @dataclass
@@ -141,7 +149,8 @@ async def _drive_pods(cp: Any, hook: Any, opts: argparse.Namespace) -> ApiResult
                 took = time.perf_counter() - started
                 expected = 403 if EXPECT[kind] == "denied" else 201
                 if r.status != expected:
-                    raise RuntimeError(f"pod {kind}-{i}: HTTP {r.status}, expected {expected}: {await r.text()}")
+                    raise RuntimeError(f"pod {kind}-{i}: HTTP {r.status}, expected {expected}: "
+                                       f"{await r.text()}")
             if record:
                 client.append(took * 1e3)
                 statuses[r.status] = statuses.get(r.status, 0) + 1

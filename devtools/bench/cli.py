@@ -57,15 +57,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--parts", default=",".join(PARTS),
                    help=f"comma-separated subset of {', '.join(PARTS)} (or 1-6) [all]")
     p.add_argument("--skip-apiserver", action="store_true", help="leave out part 4 (no control plane needed)")
-    p.add_argument("--quick", action="store_true", help="2 s per load point, fewer repeats, 60 pods: a smoke run")
+    p.add_argument("--quick", action="store_true",
+                   help="2 s per load point, fewer repeats, 60 pods: a smoke run")
     p.add_argument("--duration", type=float, default=None, help="seconds per load point [10; --quick: 2]")
     p.add_argument("--connections", type=ints, default=[1, 16, 64], help="load points [1,16,64]")
     p.add_argument("--load-generator", choices=["auto", "wrk", "python"], default="auto",
                    help="auto: wrk when installed, else the built-in asyncio client [auto]")
-    p.add_argument("--s5000", type=int, default=200, help="S5000 nodes (8 cards of 160) in parts 1, 2, 4 [200]")
+    p.add_argument("--s5000", type=int, default=200,
+                   help="S5000 nodes (8 cards of 160) in parts 1, 2, 4 [200]")
     p.add_argument("--s4000", type=int, default=100, help="S4000 nodes (1 card of 96) in parts 1, 2, 4 [100]")
-    p.add_argument("--log-level", default="info", help="the webhook server's log level in part 1 [info, as shipped]")
-    p.add_argument("--index-sizes", type=ints, default=[100, 1000, 10000], help="part 3 node counts [100,1000,10000]")
+    p.add_argument("--log-level", default="info",
+                   help="the webhook server's log level in part 1 [info, as shipped]")
+    p.add_argument("--index-sizes", type=ints, default=[100, 1000, 10000],
+                   help="part 3 node counts [100,1000,10000]")
     p.add_argument("--pods", type=int, default=None, help="pods created in part 4 [200; --quick: 60]")
     p.add_argument("--rate", type=float, default=20.0, help="pods per second in part 4 [20]")
     p.add_argument("--scale-sizes", type=ints, default=[1000, 5000, 10000],
@@ -79,13 +83,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--soak-minutes", type=int, default=10, help="part soak: minutes of load [10]")
     p.add_argument("--soak-connections", type=int, default=16, help="part soak: wrk connections [16]")
     p.add_argument("--before", metavar="REV",
-                   help="part http: also serve the webhook of this git revision (a worktree), before beside after")
+                   help="part http: also serve the webhook of this git revision (a worktree), before beside "
+                        "after")
     p.add_argument("--pure", action="store_true",
-                   help="serve the webhook from this checkout's sources, not from the built wheel (whose rules "
-                        "are compiled); every part")
+                   help="serve the webhook from this checkout's sources, not from the built wheel (whose "
+                        "rules are compiled); every part")
     p.add_argument("--profile", action="store_true",
-                   help="add cProfiles: of review.handle over the mix (part 2) and of the server under load (part 1)")
-    p.add_argument("--write", type=Path, metavar="FILE", help="also write the report as Markdown (docs/PERFORMANCE.md)")
+                   help="add cProfiles: of review.handle over the mix (part 2) and of the server under load "
+                        "(part 1)")
+    p.add_argument("--write", type=Path, metavar="FILE",
+                   help="also write the report as Markdown (docs/PERFORMANCE.md)")
     opts = p.parse_args(argv)
     names = {str(i + 1): name for i, name in enumerate(PARTS)}
     chosen = [names.get(x.strip(), x.strip()) for x in opts.parts.split(",") if x.strip()]

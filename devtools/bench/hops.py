@@ -1,4 +1,5 @@
-"""Bench part `hops`: what the pod webhooks cost a pod create, read from kube-apiserver's own admission metrics.
+"""Bench part `hops`: what the pod webhooks cost a pod create, read from kube-apiserver's own admission
+metrics.
 
 Three configurations share one control plane and one `hami-mt-webhook serve` process, each scoped to its own
 namespace by a namespaceSelector, so they run interleaved in one run without re-registering anything:
@@ -24,7 +25,6 @@ import asyncio
 import copy
 import math
 import os
-import re
 import ssl
 import time
 from collections.abc import Sequence
@@ -35,6 +35,8 @@ from typing import Any
 import aiohttp
 import orjson
 import yaml
+
+from devtools.bench.report import Section, samples
 
 STEP = "apiserver_admission_step_admission_duration_seconds"
 WEBHOOK = "apiserver_admission_webhook_admission_duration_seconds"
@@ -53,43 +55,27 @@ SHAPES: tuple[tuple[str, list[dict[str, str]], dict[str, str]], ...] = (
 )
 
 
-@dataclass
-class Report:
-    """What main.py prints and writes for a part: a Markdown section and sentences for the summary."""
-
-    title: str
-    lines: list[str] = field(default_factory=list)
-    reading: list[str] = field(default_factory=list)
-
-    def markdown(self) -> str:
-        return "\n".join([f"## {self.title}", "", *self.lines, ""])
-
-
 # --- Prometheus text: sums and counts of histograms -------------------------------------------------------
-
-_SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
 def totals(text: str, metric: str, key: Sequence[str]) -> dict[tuple[str, ...], list[float]]:
     """[sum, count] of `metric` for pod CREATEs, by the `key` labels (merged over `rejected` and the rest)."""
     out: dict[tuple[str, ...], list[float]] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) not in (metric + "_sum", metric + "_count"):
+    for name, labels, value in samples(text):
+        if name not in (metric + "_sum", metric + "_count"):
             continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
         if labels.get("operation") != "CREATE" or labels.get("resource", "pods") != "pods" or labels.get(
                 "subresource"):
             continue
         slot = out.setdefault(tuple(labels.get(k, "") for k in key), [0.0, 0.0])
-        slot[0 if m.group(1).endswith("_sum") else 1] += float(m.group(3))
+        slot[0 if name.endswith("_sum") else 1] += value
     return out
 
 
 def minus(after: dict[tuple[str, ...], list[float]], before: dict[tuple[str, ...], list[float]]
           ) -> dict[tuple[str, ...], list[float]]:
-    return {k: [v[0] - before.get(k, [0.0, 0.0])[0], v[1] - before.get(k, [0.0, 0.0])[1]] for k, v in after.items()}
+    return {k: [v[0] - before.get(k, [0.0, 0.0])[0], v[1] - before.get(k, [0.0, 0.0])[1]]
+            for k, v in after.items()}
 
 
 @dataclass
@@ -181,7 +167,8 @@ class Driver:
         self.count += 1
         started = time.perf_counter()
         async with self.api.post(f"/api/v1/namespaces/{ns}/pods" + ("?dryRun=All" if dry_run else ""),
-                                 data=pod_body(self.count, ns), headers={"Content-Type": "application/json"}) as r:
+                                 data=pod_body(self.count, ns),
+                                 headers={"Content-Type": "application/json"}) as r:
             body = await r.read()
         took = (time.perf_counter() - started) * 1e3
         return r.status, took, orjson.loads(body) if body else {}
@@ -204,7 +191,8 @@ class Driver:
         tally.client_ms += [t for _, t, _ in results]
         step = minus(totals(after, STEP, ["type"]), totals(before, STEP, ["type"]))
         tally.add("step", step)
-        tally.add("webhook", minus(totals(after, WEBHOOK, ["name", "type"]), totals(before, WEBHOOK, ["name", "type"])))
+        tally.add("webhook", minus(totals(after, WEBHOOK, ["name", "type"]),
+                                   totals(before, WEBHOOK, ["name", "type"])))
         tally.add("controller", minus(totals(after, CONTROLLER, ["name", "type"]),
                                       totals(before, CONTROLLER, ["name", "type"])))
         tally.batches.append(sum(s for s, _ in step.values()) * 1e3 / pods)
@@ -228,13 +216,8 @@ async def _until_active(driver: Driver, hook: Any, namespaces: dict[str, str]) -
 
 def _reviews(text: str, webhook: str) -> float:
     """The webhook's own count of reviews answered by one handler."""
-    total = 0.0
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m and m.group(1) == "hami_mt_webhook_reviews_total" and \
-                dict(_LABEL.findall(m.group(2) or "")).get("webhook") == webhook:
-            total += float(m.group(3))
-    return total
+    return sum((value for name, labels, value in samples(text)
+                if name == "hami_mt_webhook_reviews_total" and labels.get("webhook") == webhook), 0.0)
 
 
 def _api_ssl(cp: Any) -> ssl.SSLContext:
@@ -243,7 +226,7 @@ def _api_ssl(cp: Any) -> ssl.SSLContext:
     return ctx
 
 
-def part_hops(opts: argparse.Namespace, workdir: Path) -> Report:
+def part_hops(opts: argparse.Namespace, workdir: Path) -> Section:
     from devtools import manifests
     from devtools.controlplane import ControlPlane
     from devtools.local import LocalWebhook, apply_nodes, example_nodes
@@ -257,7 +240,8 @@ def part_hops(opts: argparse.Namespace, workdir: Path) -> Report:
         version = orjson.loads(cp.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
         hook = LocalWebhook(cp, cp.workdir / "webhook")
         hook.install()  # namespace, RBAC, the shipped configurations (replaced below by scoped copies)
-        overlay = manifests.local_overlay(cp.workdir / "hops-overlay", hook.url, hook.certs.bundle.read_bytes())
+        overlay = manifests.local_overlay(cp.workdir / "hops-overlay", hook.url,
+                                          hook.certs.bundle.read_bytes())
         rendered = [d for d in yaml.safe_load_all(cp.kubectl("kustomize", str(overlay)).stdout) if d]
         for kind, name in (("mutatingwebhookconfiguration", "hami-mt-webhook"),
                            ("validatingwebhookconfiguration", "hami-mt-webhook"),
@@ -293,7 +277,7 @@ def part_hops(opts: argparse.Namespace, workdir: Path) -> Report:
     return report(tallies, version, rounds, pods, rate, load_start, os.getloadavg())
 
 
-def run(opts: argparse.Namespace, workdir: Path) -> Report:
+def run(opts: argparse.Namespace, workdir: Path) -> Section:
     """The part as `python -m devtools.bench --parts hops` runs it."""
     return part_hops(opts, workdir / "hops")
 
@@ -319,8 +303,8 @@ def _spread(values: list[float]) -> str:
 
 
 def report(tallies: dict[str, Tally], version: str, rounds: int, pods: int, rate: float,
-           load_start: tuple[float, ...], load_end: tuple[float, ...]) -> Report:
-    sec = Report("Hops: one call or two, through kube-apiserver's own admission metrics")
+           load_start: tuple[float, ...], load_end: tuple[float, ...]) -> Section:
+    sec = Section("Hops: one call or two, through kube-apiserver's own admission metrics")
     floor = tallies["floor"]
     rows = []
     for config in CONFIGS:
@@ -346,21 +330,24 @@ def report(tallies: dict[str, Tally], version: str, rounds: int, pods: int, rate
         for (name, kind), (s, c) in sorted(t.webhook.items()):
             if name.startswith(config + "-"):
                 webhook_rows.append((config, name, kind, _fmt(t.calls_per_pod("webhook", (name, kind))),
-                                     _fmt(s * 1e3 / c if c else math.nan), _fmt(t.per_pod_ms("webhook", (name, kind)))))
+                                     _fmt(s * 1e3 / c if c else math.nan),
+                                     _fmt(t.per_pod_ms("webhook", (name, kind)))))
     plugins = sorted({k for t in tallies.values() for k in t.controller})
-    controller_rows = [(name, kind, *(_fmt(tallies[c].per_pod_ms("controller", (name, kind)), 3) for c in CONFIGS))
+    controller_rows = [(name, kind,
+                        *(_fmt(tallies[c].per_pod_ms("controller", (name, kind)), 3) for c in CONFIGS))
                        for name, kind in plugins]
     backstop = (tallies["shipped"].per_pod_ms("controller", ("ValidatingAdmissionPolicy", "validate"))
                 - floor.per_pod_ms("controller", ("ValidatingAdmissionPolicy", "validate")))
     sec.lines += [
-        f"kube-apiserver {version} and etcd (local control plane) and one `hami-mt-webhook serve` process, on "
-        f"the same machine (load average at the start {_load(load_start)}, at the end {_load(load_end)}; the "
-        "machine is shared, so compare rows of this run only). Three configurations, each scoped to its own "
-        "namespace: **floor** (nothing of ours), **shipped** (manifests/ as shipped: the mutating webhook, the "
-        "validating webhook sent only pods changed after it, the backstop policy), **forced** (the same with the "
-        "validating webhook's `changed-after-mutation` condition removed: two calls per pod). "
-        f"{rounds} rounds, each a batch of {pods} pods per configuration at {rate:g} pods/s (open loop), the "
-        "order alternating; figures are the difference of kube-apiserver's /metrics around each batch.",
+        f"kube-apiserver {version} and etcd (local control plane) and one `hami-mt-webhook serve` process, "
+        f"on the same machine (load average at the start {_load(load_start)}, at the end {_load(load_end)}; "
+        "the machine is shared, so compare rows of this run only). Three configurations, each scoped to its "
+        "own namespace: **floor** (nothing of ours), **shipped** (manifests/ as shipped: the mutating "
+        "webhook, the validating webhook sent only pods changed after it, the backstop policy), **forced** "
+        "(the same with the validating webhook's `changed-after-mutation` condition removed: two calls per "
+        f"pod). {rounds} rounds, each a batch of {pods} pods per configuration at {rate:g} pods/s (open "
+        "loop), the order alternating; figures are the difference of kube-apiserver's /metrics around each "
+        "batch.",
         "",
         "Admission time per pod (`apiserver_admission_step_admission_duration_seconds`, sum over the pods' "
         "CREATEs / pods; over the floor: ± the standard error over rounds):",
@@ -369,25 +356,27 @@ def report(tallies: dict[str, Tally], version: str, rounds: int, pods: int, rate
                  "over the floor ms", "median over rounds ms", "client p50 ms"], rows),
         "",
         f"Overhead of the shipped configuration over the floor: {_fmt(shipped)} ms per pod, against "
-        f"{_fmt(forced)} ms with the validating call forced: **{_fmt(ratio)}×** (target ≤ 0.7×); the median of "
-        f"the same ratio taken round by round: {_fmt(rounds_ratio)}×.",
+        f"{_fmt(forced)} ms with the validating call forced: **{_fmt(ratio)}×** (target ≤ 0.7×); the median "
+        f"of the same ratio taken round by round: {_fmt(rounds_ratio)}×.",
         "",
         "Per webhook (`apiserver_admission_webhook_admission_duration_seconds`):",
         "",
-        *_table(["configuration", "webhook", "type", "calls per pod", "ms per call", "ms per pod"], webhook_rows),
+        *_table(["configuration", "webhook", "type", "calls per pod", "ms per call", "ms per pod"],
+                webhook_rows),
         "",
         "Per admission plugin, ms per pod (`apiserver_admission_controller_admission_duration_seconds`); the "
         "backstop policy is ValidatingAdmissionPolicy, which the floor runs too with nothing matching:",
         "",
         *_table(["plugin", "type", *CONFIGS], controller_rows),
         "",
-        f"The backstop policy costs {_fmt(backstop, 3)} ms per pod over the floor's ValidatingAdmissionPolicy plugin.",
+        f"The backstop policy costs {_fmt(backstop, 3)} ms per pod over the floor's "
+        "ValidatingAdmissionPolicy plugin.",
     ]
     sec.reading.append(
-        f"Through kube-apiserver {version}, the shipped pod webhooks add {_fmt(shipped)} ms of admission time per "
-        f"slice pod over a cluster with nothing registered, against {_fmt(forced)} ms when the validating call is "
-        f"forced on every pod: {_fmt(ratio)}× (target ≤ 0.7×; round by round, median {_fmt(rounds_ratio)}×); "
-        f"the backstop policy {_fmt(backstop, 2)} ms.")
+        f"Through kube-apiserver {version}, the shipped pod webhooks add {_fmt(shipped)} ms of admission "
+        f"time per slice pod over a cluster with nothing registered, against {_fmt(forced)} ms when the "
+        f"validating call is forced on every pod: {_fmt(ratio)}× (target ≤ 0.7×; round by round, median "
+        f"{_fmt(rounds_ratio)}×); the backstop policy {_fmt(backstop, 2)} ms.")
     return sec
 
 

@@ -22,13 +22,14 @@ from devtools import hostile, procs
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, table
 from devtools.bench.servers import Pinning, Server, webhook_tree
-from devtools.bench.workload import PATH, pod, review_body
-from devtools.cluster import MEMORY
+from devtools.bench.workload import PATH
+from devtools.cluster import MEMORY, pod, review_body
 from hami_mt_webhook.service import certs
 
 #: The attacks of the hostile part: name, what the floods do, and the floods (kind, connections).
 ATTACKS = (
-    ("idle + slow-read", "600 TLS connections that send nothing, 100 that send a review and never read the answer",
+    ("idle + slow-read",
+     "600 TLS connections that send nothing, 100 that send a review and never read the answer",
      (("idle", 600), ("slow-read", 100))),
     ("unfinished handshakes", "2,000 TCP connections: half silent, half stopping after half a ClientHello",
      (("silent", 1000), ("half-hello", 1000))),
@@ -76,7 +77,8 @@ class Held:
     probes: list[tuple[int, float]] = field(default_factory=list)
     rss_before: float | None = None
     rss_peak: float | None = None
-    rss_after: float | None = None  # once the flood has stopped, when back near rss_before or after AFTER_SECONDS
+    #: Once the flood has stopped, when back near rss_before or after AFTER_SECONDS.
+    rss_after: float | None = None
     after_seconds: float | None = None
     floods: list[dict[str, Any]] = field(default_factory=list)
     held: bool = True
@@ -122,7 +124,8 @@ def _hold_attack(name: str, what: str, floods: Sequence[tuple[str, int]], layout
         result.rss_before = rss_mib(srv.proc.pid)
         sampler.start()
         for i, (kind, count) in enumerate(floods):
-            flooders.append(Flooder(kind, count, srv.port, layout.ca_cert, pin.load, workdir / f"flood-{i}.log"))
+            flooders.append(Flooder(kind, count, srv.port, layout.ca_cert, pin.load,
+                                    workdir / f"flood-{i}.log"))
         result.held = all(f.wait_holding(60) for f in flooders)
         time.sleep(1.0)  # the flood in place: the server has had to deal with it
         body = review_body(pod("slice"))
@@ -148,7 +151,8 @@ NEAR_IDLE = 1.15
 
 
 def _settle(pid: int, before: float) -> tuple[float | None, float]:
-    """RSS once the flood is gone: the first sample within NEAR_IDLE of `before`, or the last of AFTER_SECONDS."""
+    """RSS once the flood is gone: the first sample within NEAR_IDLE of `before`, or the last of
+    AFTER_SECONDS."""
     started = time.monotonic()
     while True:
         now = rss_mib(pid)
@@ -158,7 +162,8 @@ def _settle(pid: int, before: float) -> tuple[float | None, float]:
         time.sleep(1.0)
 
 
-def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argparse.Namespace) -> list[list[str]]:
+def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning,
+                  opts: argparse.Namespace) -> list[list[str]]:
     """Attacks 4-6 and the idle deadline, each one request against a fresh server."""
     srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning",
                  tree=webhook_tree(opts, workdir))
@@ -173,7 +178,8 @@ def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argpa
 
         async def go() -> None:
             gz = hostile.post(PATH, review_body(pod("slice")), close=True, extra="Content-Encoding: gzip\r\n")
-            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port, ssl=hostile.client_context(ca))
+            reader, writer = await asyncio.open_connection("127.0.0.1", srv.port,
+                                                           ssl=hostile.client_context(ca))
             writer.write(gz)
             try:
                 status, headers, _ = await asyncio.wait_for(hostile.read_answer(reader), 10)
@@ -182,7 +188,8 @@ def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argpa
             writer.transport.abort()
             rows.append(["`Content-Encoding: gzip`, plain body", f"HTTP {status}",
                          f"`Server: {headers.get('server', '(none)')}`"])
-            status, answer, _ = await hostile.fresh_review(srv.port, ca, with_value("9" * 2_000_000), timeout=30)
+            status, answer, _ = await hostile.fresh_review(srv.port, ca, with_value("9" * 2_000_000),
+                                                           timeout=30)
             size = len(orjson.dumps(answer))
             message = answer.get("response", {}).get("status", {}).get("message", "")
             rows.append(["a 2 MB quantity string", f"HTTP {status}, answer {size:,} bytes",
@@ -195,8 +202,8 @@ def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning, opts: argpa
             idle, kept = await asyncio.gather(
                 hostile.time_to_close(srv.port, ca),
                 hostile.time_to_close(srv.port, ca, hostile.post(PATH, review_body(pod("slice")))))
-            rows.append(["a connection that sends nothing", "closed after " + (f"{idle:.1f} s" if idle else "> 120 s"),
-                         ""])
+            rows.append(["a connection that sends nothing",
+                         "closed after " + (f"{idle:.1f} s" if idle else "> 120 s"), ""])
             rows.append(["a kept-alive connection after one review",
                          "closed after " + (f"{kept:.1f} s" if kept else "> 120 s"), ""])
 
@@ -222,7 +229,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         failed_probes = sum(1 for status, _ in held.probes if status != 200)
         rows.append([name, what, f"{held.correct} of {len(held.reviews)}",
                      fmt(max(served) * 1e3, 0) if served else "-",
-                     f"{fmt(worst_probe * 1e3, 0)} ms" + (f" ({failed_probes} failed)" if failed_probes else "")
+                     f"{fmt(worst_probe * 1e3, 0)} ms"
+                     + (f" ({failed_probes} failed)" if failed_probes else "")
                      if worst_probe is not None else "-",
                      f"{fmt(held.rss_before, 0)} → {fmt(held.rss_peak, 0)} → {fmt(held.rss_after, 0)}"
                      + (f" ({held.after_seconds:.0f} s after)" if held.after_seconds is not None else ""),
@@ -231,14 +239,14 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     sec.lines += [
         "Each attack runs against a fresh webhook server (pinned like part 1) from a separate process "
         "(`python -m devtools.hostile`), which reopens every connection the server closes. Once the "
-        f"flood is up, {opts.hostile_reviews} fresh reviews are sent 0.5 s apart, each on a new connection as "
-        "kube-apiserver does after its pooled connections were cut, and `/readyz` is probed every 0.25 s. "
-        "A review counts as answered correctly when it comes back HTTP 200 with the expected patch. After the "
-        f"flood stops, RSS is sampled every second until it is within {NEAR_IDLE - 1:.0%} of the figure before the "
-        f"flood, or for {AFTER_SECONDS:.0f} s.",
+        f"flood is up, {opts.hostile_reviews} fresh reviews are sent 0.5 s apart, each on a new connection "
+        "as kube-apiserver does after its pooled connections were cut, and `/readyz` is probed every 0.25 s. "
+        "A review counts as answered correctly when it comes back HTTP 200 with the expected patch. After "
+        f"the flood stops, RSS is sampled every second until it is within {NEAR_IDLE - 1:.0%} of the figure "
+        f"before the flood, or for {AFTER_SECONDS:.0f} s.",
         "",
-        *table(["attack", "what the clients do", "fresh reviews answered", "max latency (ms)", "/readyz worst",
-                "RSS MiB (before → peak → after the flood)", "flood"], rows),
+        *table(["attack", "what the clients do", "fresh reviews answered", "max latency (ms)",
+                "/readyz worst", "RSS MiB (before → peak → after the flood)", "flood"], rows),
         "",
         "Single requests and the idle deadline, against a fresh server:",
         "",
@@ -249,8 +257,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         sec.reading.append(
             f"Hostile clients, {held.name}: {held.correct} of {len(held.reviews)} fresh reviews answered"
             + (f" (max {max(served) * 1e3:.0f} ms)" if served else "")
-            + f", RSS {fmt(held.rss_before, 0)} → peak {fmt(held.rss_peak, 0)} → {fmt(held.rss_after, 0)} MiB "
-            f"{held.after_seconds or 0:.0f} s after the flood.")
+            + f", RSS {fmt(held.rss_before, 0)} → peak {fmt(held.rss_peak, 0)} → "
+            f"{fmt(held.rss_after, 0)} MiB {held.after_seconds or 0:.0f} s after the flood.")
     return sec
 
 

@@ -117,7 +117,8 @@ def parse_wrk(output: str, server: str, connections: int) -> Load:
     errors = int(non2xx.group(1)) if non2xx else 0
     errors += sum(int(x) for x in sock.groups()) if sock else 0
     return Load(server, connections, int(done["requests"]), float(done["duration"]) / 1e6, rps,
-                _ms(dist["50"]), _ms(dist["99"]), float(done["p999"]) / 1e3, float(done["max"]) / 1e3, errors, "wrk")
+                _ms(dist["50"]), _ms(dist["99"]), float(done["p999"]) / 1e3, float(done["max"]) / 1e3, errors,
+                "wrk")
 
 
 def run_wrk(url: str, script: Path, connections: int, duration: float, pin: list[str], server: str) -> Load:
@@ -138,8 +139,8 @@ def run_python_load(url: str, payload_file: Path, cafile: Path, connections: int
     if done.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} failed ({done.returncode}):\n{done.stdout}\n{done.stderr}")
     r = orjson.loads(done.stdout.strip().splitlines()[-1])
-    return Load(server, connections, r["requests"], r["seconds"], r["requests"] / r["seconds"], r["p50"], r["p99"],
-                r["p999"], r["max"], r["errors"], "python")
+    return Load(server, connections, r["requests"], r["seconds"], r["requests"] / r["seconds"], r["p50"],
+                r["p99"], r["p999"], r["max"], r["errors"], "python")
 
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
@@ -157,9 +158,9 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     why = "wrk was not found" if opts.load_generator == "auto" else "`--load-generator python` was given"
     tool_note = ("wrk 1 thread (`-t1`), closed loop, the 5 bodies in turn through a Lua `request()`; "
                  "p50/p99 from `--latency`, p99.9 and max from the script's `done()`") if use_wrk else \
-        (f"**{why}**, so the built-in asyncio/aiohttp client (one process, keep-alive connections in a closed "
-         "loop) generated the load; it is much slower than wrk, so the figures show the client's limit as much "
-         "as the servers'")
+        (f"**{why}**, so the built-in asyncio/aiohttp client (one process, keep-alive connections in a "
+         "closed loop) generated the load; it is much slower than wrk, so the figures show the client's "
+         "limit as much as the servers'")
     print(f"[http] load generator: {'wrk' if use_wrk else f'python ({why})'}; {pin.note}", flush=True)
 
     servers: dict[str, Server] = {}
@@ -172,14 +173,15 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                                    tree=tree if kind == "webhook" else REPO_ROOT)
         if before is not None:  # the same harness, the same run: a lever's before and after
             name = f"webhook@{opts.before}"
-            servers[name] = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level,
-                                   tree=before, name=name)
+            servers[name] = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000,
+                                   opts.log_level, tree=before, name=name)
         for kind, payload in zip(KINDS, payloads, strict=True):  # the webhook answers as the mix says
             status, answer = post_once(servers["webhook"].port, payload, layout.ca_cert)
             got = answer.get("response", {})
             seen = "denied" if not got.get("allowed") else ("patched" if "patch" in got else "allowed")
             if status != 200 or seen != EXPECT[kind]:
-                raise RuntimeError(f"the webhook answered the {kind} review with HTTP {status}, {seen}: {answer}")
+                raise RuntimeError(f"the webhook answered the {kind} review with HTTP {status}, {seen}: "
+                                   f"{answer}")
         status, _ = post_once(servers["baseline"].port, payloads[0], layout.ca_cert)
         if status != 200:
             raise RuntimeError(f"the baseline server answered HTTP {status}")
@@ -196,21 +198,23 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             for kind in servers:
                 load = measure(kind, connections, opts.duration)
                 results.append(load)
-                print(f"[http] {kind:8} c={connections:<3} {load.rps:9,.0f} reviews/s  p50 {load.p50:6.2f} ms  "
-                      f"p99 {load.p99:6.2f} ms  p99.9 {load.p999:6.2f} ms  errors {load.errors}", flush=True)
+                print(f"[http] {kind:8} c={connections:<3} {load.rps:9,.0f} reviews/s  "
+                      f"p50 {load.p50:6.2f} ms  p99 {load.p99:6.2f} ms  p99.9 {load.p999:6.2f} ms  "
+                      f"errors {load.errors}", flush=True)
         rss = {kind: s.peak_rss_mib() for kind, s in servers.items()}
         for s in servers.values():
             s.stop()
         if opts.profile:  # a separate run: cProfile slows the server, so it never touches the figures above
             stats = workdir / "webhook.pstats"
-            profiled = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level, stats,
-                              tree=tree)
+            profiled = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, opts.log_level,
+                              stats, tree=tree)
             try:
                 measure_url = profiled.url
                 if use_wrk:
                     run_wrk(measure_url, script, 16, opts.duration, pin.load, "webhook")
                 else:
-                    run_python_load(measure_url, payload_file, layout.ca_cert, 16, opts.duration, pin.load, "webhook")
+                    run_python_load(measure_url, payload_file, layout.ca_cert, 16, opts.duration, pin.load,
+                                    "webhook")
             finally:
                 profiled.stop()
             profile_text = stats_lines(stats, "tottime", 30)
@@ -223,26 +227,28 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     total = sum(r.requests for r in results if r.server == "webhook") + 1  # +1: never divide by zero
 
     sec.lines += [
-        f"Cluster in the webhook's view: {opts.s5000} S5000 nodes (8 cards of 160) and {opts.s4000} S4000 nodes "
-        f"(1 card of 96), 11 labels each. Both servers: asyncio, TLS from "
+        f"Cluster in the webhook's view: {opts.s5000} S5000 nodes (8 cards of 160) and {opts.s4000} S4000 "
+        "nodes (1 card of 96), 11 labels each. Both servers: asyncio, TLS from "
         "`tls.tls_context` (TLS 1.3, ECDHE + AES-GCM), HTTP/1.1 keep-alive, no access log, one process. The "
-        "webhook is `server.AdmissionServer` as `serve` runs it (its listener with the default limits, metrics, "
-        f"`review.handle`), logging at `{opts.log_level}` (JSON lines to a file, as `serve` does to stderr), "
+        "webhook is `server.AdmissionServer` as `serve` runs it (its listener with the default limits, "
+        f"metrics, `review.handle`), logging at `{opts.log_level}` (JSON lines to a file, as `serve` does "
+        "to stderr), "
         + ("from this checkout's sources (`--pure`: the rules not compiled)" if opts.pure else
            "from the wheel as users install it (the rules compiled with mypyc)") + "; the "
-        "baseline is a plain aiohttp `TCPSite` that reads the body and returns a constant allowed AdmissionReview.",
+        "baseline is a plain aiohttp `TCPSite` that reads the body and returns a constant allowed "
+        "AdmissionReview.",
         "",
         f"Load: {tool_note}. {pin.note}. {opts.duration:g} s per point, after a 1 s warm-up per server; "
         "webhook and baseline points interleaved.",
         "",
-        "The mix (POST /mutate-pods, " + ", ".join(f"{k} {len(p):,} B" for k, p in zip(KINDS, payloads, strict=True))
-        + "):",
+        "The mix (POST /mutate-pods, "
+        + ", ".join(f"{k} {len(p):,} B" for k, p in zip(KINDS, payloads, strict=True)) + "):",
         "",
         *[f"- {k}: {DESCRIBE[k]}" for k in KINDS],
         "",
         *table(["connections", "server", "reviews/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "errors"],
-               [(r.connections, r.server, f"{r.rps:,.0f}", fmt(r.p50), fmt(r.p99), fmt(r.p999), fmt(r.max), r.errors)
-                for r in results]),
+               [(r.connections, r.server, f"{r.rps:,.0f}", fmt(r.p50), fmt(r.p99), fmt(r.p999), fmt(r.max),
+                 r.errors) for r in results]),
         "",
     ]
     by = {(r.server, r.connections): r for r in results}
@@ -254,10 +260,11 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             ratio_rows.append((c, f"{w.rps / b.rps:.2f}", f"{w.p50 / b.p50:.2f}" if b.p50 else "–",
                                f"{w.p99 / b.p99:.2f}" if b.p99 else "–", f"{extra:,.0f}"))
     sec.lines += [
-        "Webhook relative to the baseline (the last column is 1/rps(webhook) − 1/rps(baseline): the server time "
-        "one review adds over bare aiohttp + TLS, meaningful once the server's core is saturated):",
+        "Webhook relative to the baseline (the last column is 1/rps(webhook) − 1/rps(baseline): the server "
+        "time one review adds over bare aiohttp + TLS, meaningful once the server's core is saturated):",
         "",
-        *table(["connections", "reviews/s ratio", "p50 ratio", "p99 ratio", "µs added per review"], ratio_rows),
+        *table(["connections", "reviews/s ratio", "p50 ratio", "p99 ratio", "µs added per review"],
+               ratio_rows),
         "",
         *_before_after(opts, by),
         "Peak RSS (VmHWM): " + ", ".join(f"{k} {fmt(v, 1)} MiB" for k, v in rss.items()) + ". "
@@ -273,8 +280,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         sec.reading.append(
             f"Over loopback HTTPS at {top} connections the webhook answers {w.rps:,.0f} reviews/s, "
             f"{w.rps / b.rps:.0%} of a bare aiohttp TLS server on the same core ({b.rps:,.0f}/s); p99 "
-            f"{w.p99:.1f} ms against {b.p99:.1f} ms. Each review costs about {(1 / w.rps - 1 / b.rps) * 1e6:,.0f} µs "
-            "of server CPU above the baseline.")
+            f"{w.p99:.1f} ms against {b.p99:.1f} ms. Each review costs about "
+            f"{(1 / w.rps - 1 / b.rps) * 1e6:,.0f} µs of server CPU above the baseline.")
         one = by.get(("webhook", min(opts.connections)))
         if one:
             sec.reading.append(f"One connection at a time sees p50 {one.p50:.2f} ms, p99 {one.p99:.2f} ms.")
@@ -293,7 +300,7 @@ def _before_after(opts: argparse.Namespace, by: dict[tuple[str, int], Load]) -> 
         if now and then and then.rps and then.p99:
             rows.append((c, f"{then.rps:,.0f}", f"{now.rps:,.0f}", f"{now.rps / then.rps:.2f}", fmt(then.p99),
                          fmt(now.p99), f"{now.p99 / then.p99:.2f}"))
-    return [f"Before and after (`--before {opts.before}`: that revision's webhook, served from a worktree in this "
-            "run):", "",
-            *table(["connections", f"{opts.before} reviews/s", "now reviews/s", "ratio", f"{opts.before} p99 ms",
-                    "now p99 ms", "p99 ratio"], rows), ""]
+    return [f"Before and after (`--before {opts.before}`: that revision's webhook, served from a worktree in "
+            "this run):", "",
+            *table(["connections", f"{opts.before} reviews/s", "now reviews/s", "ratio",
+                    f"{opts.before} p99 ms", "now p99 ms", "p99 ratio"], rows), ""]

@@ -17,8 +17,8 @@ from typing import Any
 import orjson
 
 from devtools.bench.report import Section, fmt, stats_lines, table
-from devtools.bench.workload import KINDS, bodies, cluster, outcome, review_body
-from devtools.cluster import CONFIG
+from devtools.bench.workload import KINDS, bodies, cluster, outcome
+from devtools.cluster import CONFIG, review_body
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules import pods as rules
 from hami_mt_webhook.rules.capacity import ClusterView
@@ -69,7 +69,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             obj = orjson.loads(body)["request"]["object"]
             reply = review.handle(body, "mutate-pods", view, CONFIG)
             seen = outcome(reply.decision)
-            t_handle = per_call(functools.partial(review.handle, body, "mutate-pods", view, CONFIG), repeat, target)
+            t_handle = per_call(functools.partial(review.handle, body, "mutate-pods", view, CONFIG), repeat,
+                                target)
             t_mutate = per_call(functools.partial(rules.mutate, obj, view, CONFIG), repeat, target)
             if outcome(rules.mutate(obj, view, CONFIG)) != seen:
                 raise RuntimeError(f"rules.mutate changed its input: the {kind} pod no longer gives {seen}")
@@ -77,24 +78,27 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             decision = reply.decision
             if decision is not None and decision.allowed and decision.object is not None:
                 admitted = review_body(decision.object)
-                t_validate = per_call(functools.partial(review.handle, admitted, "validate-pods", view, CONFIG),
-                                      repeat, target)
-            t_metrics = per_call(functools.partial(metrics.review, "mutate-pods", reply.request, decision, 1e-3),
-                                 repeat, target)
+                t_validate = per_call(
+                    functools.partial(review.handle, admitted, "validate-pods", view, CONFIG), repeat, target)
+            t_metrics = per_call(
+                functools.partial(metrics.review, "mutate-pods", reply.request, decision, 1e-3),
+                repeat, target)
             t_log = 0.0
             if decision is not None and (decision.changes or not decision.allowed):
-                t_log = per_call(functools.partial(log_decision, "mutate-pods", reply.request or {}, decision),
-                                 repeat, target)
+                t_log = per_call(
+                    functools.partial(log_decision, "mutate-pods", reply.request or {}, decision),
+                    repeat, target)
             rows.append((kind, f"{len(body):,}", seen, fmt(t_handle * 1e6, 1), fmt(t_mutate * 1e6, 1),
-                         fmt((t_handle - t_mutate) * 1e6, 1), fmt(t_validate * 1e6, 1), fmt(t_metrics * 1e6, 1),
-                         fmt(t_log * 1e6, 1)))
+                         fmt((t_handle - t_mutate) * 1e6, 1), fmt(t_validate * 1e6, 1),
+                         fmt(t_metrics * 1e6, 1), fmt(t_log * 1e6, 1)))
             costs[kind] = t_handle
             totals["handle"] += t_handle
             totals["mutate"] += t_mutate
             totals["validate"] += 0 if math.isnan(t_validate) else t_validate
             totals["server"] += t_metrics + t_log
-            print(f"[inprocess] {kind:10} handle {t_handle * 1e6:7.1f} µs  rules.mutate {t_mutate * 1e6:7.1f} µs  "
-                  f"validate {t_validate * 1e6:7.1f} µs  metrics {t_metrics * 1e6:5.1f} µs  log {t_log * 1e6:5.1f} µs",
+            print(f"[inprocess] {kind:10} handle {t_handle * 1e6:7.1f} µs  "
+                  f"rules.mutate {t_mutate * 1e6:7.1f} µs  validate {t_validate * 1e6:7.1f} µs  "
+                  f"metrics {t_metrics * 1e6:5.1f} µs  log {t_log * 1e6:5.1f} µs",
                   flush=True)
     finally:
         root.handlers[:], _ = saved
@@ -105,19 +109,20 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     rows.append(("**mix mean**", "", "", fmt(mean["handle"] * 1e6, 1), fmt(mean["mutate"] * 1e6, 1),
                  fmt((mean["handle"] - mean["mutate"]) * 1e6, 1), "", "", fmt(mean["server"] * 1e6, 1)))
     sec.lines += [
-        f"Same view as part 1 ({opts.s5000} + {opts.s4000} nodes), in the benchmark's own process, so the rules "
-        f"are {_rules_kind()}. Best of {repeat} repeats of ~{target:g} s each, "
-        "gc enabled, one thread. `review.handle` is the whole seam the server calls (orjson parse, the rules, "
-        "the response with its base64 JSON Patch, orjson dump); `rules.mutate` takes the already parsed pod. "
-        "*validate* is `review.handle` on /validate-pods with the admitted (patched) pod, which the API "
-        "server sends next. *metrics* and *log* are what `ReviewHandler.handle` does around `review.handle`: "
-        "`Metrics.review` and, for a patch or a denial, one JSON log line at INFO (to /dev/null here).",
+        f"Same view as part 1 ({opts.s5000} + {opts.s4000} nodes), in the benchmark's own process, so the "
+        f"rules are {_rules_kind()}. Best of {repeat} repeats of ~{target:g} s each, "
+        "gc enabled, one thread. `review.handle` is the whole seam the server calls (orjson parse, the "
+        "rules, the response with its base64 JSON Patch, orjson dump); `rules.mutate` takes the already "
+        "parsed pod. *validate* is `review.handle` on /validate-pods with the admitted (patched) pod, which "
+        "the API server sends next. *metrics* and *log* are what `ReviewHandler.handle` does around "
+        "`review.handle`: `Metrics.review` and, for a patch or a denial, one JSON log line at INFO (to "
+        "/dev/null here).",
         "",
-        *table(["review", "body bytes", "outcome", "review.handle µs", "rules.mutate µs", "parse + respond µs",
-                "validate µs", "metrics µs", "log line µs"], rows),
+        *table(["review", "body bytes", "outcome", "review.handle µs", "rules.mutate µs",
+                "parse + respond µs", "validate µs", "metrics µs", "log line µs"], rows),
         "",
-        f"One core running only `review.handle` would answer about {1 / mean['handle']:,.0f} mutating reviews/s "
-        "of this mix.",
+        f"One core running only `review.handle` would answer about {1 / mean['handle']:,.0f} mutating "
+        "reviews/s of this mix.",
     ]
     dearest = max(costs, key=costs.__getitem__)
     sec.reading.append(
@@ -140,12 +145,13 @@ def profile_lines(view: ClusterView, rounds: int = 3000, top: int = 25) -> list[
             review.handle(body, "mutate-pods", view, CONFIG)
     prof.disable()
     text = stats_lines(prof, "cumulative", top)
-    return [f"cProfile of `review.handle` over the mix ({rounds:,} rounds of 5 reviews), top {top} by cumulative "
-            "time (profiling overhead inflates small functions):", "", "```", *text, "```"]
+    return [f"cProfile of `review.handle` over the mix ({rounds:,} rounds of 5 reviews), top {top} by "
+            "cumulative time (profiling overhead inflates small functions):", "", "```", *text, "```"]
 
 
 def _rules_kind() -> str:
-    """Whether this process runs the checkout's rules as Python or compiled modules (the wheel's, setup.py)."""
+    """Whether this process runs the checkout's rules as Python or compiled modules (the wheel's,
+    setup.py)."""
     from hami_mt_webhook.rules import pods
 
     if (pods.__file__ or "").endswith(".py"):

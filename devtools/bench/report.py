@@ -18,7 +18,7 @@ import shlex
 import shutil
 import ssl
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +42,8 @@ class Section:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(headers))) + "|"]
+    out = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join("---:" if i else "---" for i in range(len(headers))) + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return out
 
@@ -111,22 +112,25 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
+def samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """The samples of Prometheus text: the name as written (with `_bucket`, `_sum`...), labels, value."""
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            yield m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))
+
+
 def histograms(text: str, metric: str, key: Sequence[str], where: dict[str, str] | None = None
                ) -> dict[tuple[str, ...], Histogram]:
     """Histograms of `metric` from Prometheus text, grouped by the `key` labels, filtered by `where`."""
     out: dict[tuple[str, ...], Histogram] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or not m.group(1).startswith(metric):
+    for name, labels, value in samples(text):
+        suffix = name[len(metric):]
+        if not name.startswith(metric) or suffix not in ("_bucket", "_sum", "_count"):
             continue
-        suffix = m.group(1)[len(metric):]
-        if suffix not in ("_bucket", "_sum", "_count"):
-            continue
-        labels = dict(_LABEL.findall(m.group(2) or ""))
         if where and any(labels.get(k) != v for k, v in where.items()):
             continue
         h = out.setdefault(tuple(labels.get(k, "") for k in key), Histogram())
-        value = float(m.group(3))
         if suffix == "_bucket":
             le = float(labels["le"])
             h.buckets[le] = h.buckets.get(le, 0.0) + value
@@ -193,8 +197,8 @@ def document(argv: Sequence[str], sections: list[Section], opts: argparse.Namesp
              load_start: str, load_end: str) -> str:
     command = shlex.join(["python", "-m", "devtools.bench", *argv])
     reading = [f"- {line}" for s in sections for line in s.reading]
-    quick = ["", "**Quick run** (`--quick`, 2 s per point): a check that the harness works, not figures to quote."] \
-        if opts.quick else []
+    quick = ["", "**Quick run** (`--quick`, 2 s per point): a check that the harness works, not figures to "
+             "quote."] if opts.quick else []
     return "\n".join([
         "# Performance",
         "",
@@ -216,7 +220,8 @@ def document(argv: Sequence[str], sections: list[Section], opts: argparse.Namesp
         "",
         *(reading or ["- (no part ran)"]),
         "- Python serves one event loop per process: the webhook scales with replicas, not threads. "
-        "The machine's other work shows in every figure; compare webhook and baseline from the same run only.",
+        "The machine's other work shows in every figure; compare webhook and baseline from the same run "
+        "only.",
         "",
         *[s.markdown() for s in sections],
     ])

@@ -78,7 +78,8 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                     ready = time.perf_counter() - t
                     usage = scale_rig.usage(hook.proc.pid)
                     res["startup"].append((size, node_bytes, ready, usage["peak"], usage["rss"]))
-                    print(f"[scale] {size}: ready in {ready:.1f} s, peak RSS {usage['peak']:.0f} MiB", flush=True)
+                    print(f"[scale] {size}: ready in {ready:.1f} s, peak RSS {usage['peak']:.0f} MiB",
+                          flush=True)
                     if size != sizes[-1]:
                         hook.stop()
                 print("[scale] idle pods ...", flush=True)
@@ -86,17 +87,18 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                 print("[scale] quiet, then node updates alone ...", flush=True)
                 res["quiet"] = await scale_rig.measure_churn(rig, 0, opts.scale_seconds, have)
                 res["alone"] = await scale_rig.measure_churn(rig, opts.scale_churn, opts.scale_seconds, have)
-                print(f"[scale] pods under {opts.scale_churn:g} node updates/s for {opts.churn_seconds:g} s ...",
-                      flush=True)
-                res["churn"] = await scale_rig.measure_pods(rig, opts.rate, opts.churn_seconds, opts.scale_churn, have)
+                print(f"[scale] pods under {opts.scale_churn:g} node updates/s "
+                      f"for {opts.churn_seconds:g} s ...", flush=True)
+                res["churn"] = await scale_rig.measure_pods(rig, opts.rate, opts.churn_seconds,
+                                                            opts.scale_churn, have)
                 # The control: the same churn with a webhook that watches no node (a selector nothing
                 # matches), so what the API server's own load costs is told apart from the view's work.
                 print("[scale] the same churn, webhook watching no node (control) ...", flush=True)
                 await asyncio.to_thread(hook.stop)
                 hook.extra_args = ["--node-selector", "hami-mt-bench/none=true"]
                 await asyncio.to_thread(hook.start, 120.0)
-                res["control"] = await scale_rig.measure_pods(rig, opts.rate, opts.churn_seconds, opts.scale_churn,
-                                                              have)
+                res["control"] = await scale_rig.measure_pods(rig, opts.rate, opts.churn_seconds,
+                                                              opts.scale_churn, have)
                 print("[scale] kube-apiserver restarted, webhook watching no node (control) ...", flush=True)
                 res["restart_control"] = await scale_rig.restart(rig, opts.rate, have, delete=False)
                 await asyncio.to_thread(hook.stop)
@@ -114,14 +116,15 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         finally:
             hook.stop()
 
-    rows = [(f"{n:,}", f"{b / 1024:.1f} KB", fmt(t, 1), f"{p:.0f}", f"{r:.0f}") for n, b, t, p, r in res["startup"]]
+    rows = [(f"{n:,}", f"{b / 1024:.1f} KB", fmt(t, 1), f"{p:.0f}", f"{r:.0f}")
+            for n, b, t, p, r in res["startup"]]
     sec.lines += [
         "Nodes shaped like kubelet's (`devtools/fleet.py`: 13 labels, 5 conditions, 40 images, nodeInfo, "
         "a taint, managed fields; two thirds S5000, one third S4000), created through the API server; "
         "`hami-mt-webhook serve` started as its own process, logged in as the shipped ServiceAccount.",
         "",
-        *table(["nodes", "a Node as the API returns it", "exec to /readyz (s)", "peak RSS (MiB)", "RSS at ready (MiB)"],
-               rows),
+        *table(["nodes", "a Node as the API returns it", "exec to /readyz (s)", "peak RSS (MiB)",
+                "RSS at ready (MiB)"], rows),
         "",
     ]
     idle, churn, control, restart = res["idle"], res["churn"], res["control"], res["restart"]
@@ -148,11 +151,11 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
             ["kube-apiserver restart, view rebuilt", *lat(restart)],
             ["kube-apiserver restart, webhook watching no node (control)", *lat(res["restart_control"])]]
     sec.lines += [
-        f"At {res['size']:,} nodes, pods created at {opts.rate:g}/s through the API server (admin client) while "
-        "reviews are also sent straight to the webhook every 20 ms (`direct`): the API server's figures come from "
-        "its `apiserver_admission_webhook_admission_duration_seconds` (coarse buckets: p99 interpolated, mean exact). "
-        "The validating webhook is called only for a pod that something changed after the mutating one "
-        "(`hami-mt.mthreads.com/admitted`); nothing does here.",
+        f"At {res['size']:,} nodes, pods created at {opts.rate:g}/s through the API server (admin client) "
+        "while reviews are also sent straight to the webhook every 20 ms (`direct`): the API server's "
+        "figures come from its `apiserver_admission_webhook_admission_duration_seconds` (coarse buckets: p99 "
+        "interpolated, mean exact). The validating webhook is called only for a pod that something changed "
+        "after the mutating one (`hami-mt.mthreads.com/admitted`); nothing does here.",
         "",
         *table(["phase", "mutating mean ms", "mutating p99 ms", "validating mean ms", "validating p99 ms",
                 "direct p50 ms", "direct p99 ms", "direct max ms", "pods created", "webhook CPU",
@@ -163,16 +166,18 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         f"{idle['cpu'] * 100:.1f} %). RSS during churn {min(churn['rss']):.0f}–{max(churn['rss']):.0f} MiB "
         f"(sampled every 2 s; mean of the first tenth {_tenth(churn['rss'], 0):.1f}, of the last tenth "
         f"{_tenth(churn['rss'], -1):.1f}), peak since start {churn['peak']:.0f} MiB.",
-        f"- Node updates alone (no pods, no reviews): {alone['updates']:,} in {alone['seconds']:.0f} s cost the "
-        f"webhook {alone['cpu'] * 100:.1f} % of one core ({alone['work'].count:,.0f} node batches, the slowest "
-        f"{_slowest(alone['work'])} ms); with nothing at all to do it used {quiet['cpu'] * 100:.1f} %.",
+        f"- Node updates alone (no pods, no reviews): {alone['updates']:,} in {alone['seconds']:.0f} s cost "
+        f"the webhook {alone['cpu'] * 100:.1f} % of one core ({alone['work'].count:,.0f} node batches, the "
+        f"slowest {_slowest(alone['work'])} ms); with nothing at all to do it used "
+        f"{quiet['cpu'] * 100:.1f} %.",
         f"- A capacity change (node status patched) reached the view in "
         f"{', '.join(f'{t:.0f}' for t in res['capacity'])} ms (patch sent to a review answering with it).",
         f"- kube-apiserver SIGKILLed and restarted under {opts.rate:g} pods/s: it was back after "
-        f"{restart['down']:.1f} s; {restart['pods'].created} pods created, {len(restart['pods'].failed)} failed, "
-        f"{restart['pods'].retried} attempts retried while it was down; two nodes deleted as it returned; the view "
-        f"equalled the API's node set {restart['converged']:.1f} s after it was back "
-        f"({restart['relists']:.0f} rebuild(s)); /readyz {'stayed ready' if restart['ready'] else 'NOT ready'}.",
+        f"{restart['down']:.1f} s; {restart['pods'].created} pods created, {len(restart['pods'].failed)} "
+        f"failed, {restart['pods'].retried} attempts retried while it was down; two nodes deleted as it "
+        f"returned; the view equalled the API's node set {restart['converged']:.1f} s after it was back "
+        f"({restart['relists']:.0f} rebuild(s)); /readyz "
+        f"{'stayed ready' if restart['ready'] else 'NOT ready'}.",
     ]
     if restart["pods"].failed:
         sec.lines.append("- Failures: " + "; ".join(sorted(set(restart["pods"].failed))[:3]))

@@ -25,7 +25,8 @@ from devtools.cluster import MEMORY, S5000, VGPU
 def usage(pid: int) -> dict[str, float]:
     """CPU seconds, current and peak RSS (MiB) of a process, from /proc."""
     memory = procs.memory_mib(pid)
-    return {"cpu": procs.cpu_seconds(pid), "rss": memory.get("VmRSS", math.nan), "peak": memory.get("VmHWM", math.nan)}
+    return {"cpu": procs.cpu_seconds(pid), "rss": memory.get("VmRSS", math.nan),
+            "peak": memory.get("VmHWM", math.nan)}
 
 
 @dataclass
@@ -146,7 +147,8 @@ class Rig:
         return "?"
 
 
-async def measure_pods(rig: Rig, rate: float, seconds: float, churn: float | None, size: int) -> dict[str, Any]:
+async def measure_pods(rig: Rig, rate: float, seconds: float, churn: float | None,
+                       size: int) -> dict[str, Any]:
     pid = rig.hook.proc.pid
     control_plane = list(rig.cp.pids.values())
     before, cpu0, t0 = await rig.api_metrics(), usage(pid), time.perf_counter()
@@ -223,7 +225,8 @@ async def restart(rig: Rig, rate: float, size: int, delete: bool = True) -> dict
         async with rig.api.delete(f"/api/v1/nodes/{name}") as r:
             await r.read()
     expected = size - len(gone)
-    while delete and metric(hook, "hami_mt_webhook_sliced_nodes") != expected and time.perf_counter() - back < 60:
+    while (delete and metric(hook, "hami_mt_webhook_sliced_nodes") != expected
+           and time.perf_counter() - back < 60):
         await asyncio.sleep(0.05)
     converged = time.perf_counter() - back
     await load

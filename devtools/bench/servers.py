@@ -42,9 +42,11 @@ class Pinning:
     def detect(cls) -> Pinning:
         cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         if not shutil.which("taskset"):
-            return cls([], [], "Not pinned: `taskset` is missing, so servers and load generator share the CPUs")
+            return cls([], [], "Not pinned: `taskset` is missing, so servers and load generator share the "
+                               "CPUs")
         if len(cpus) < 2:
-            return cls([], [], f"Not pinned: only {len(cpus)} CPU available, so server and load generator share it")
+            return cls([], [], f"Not pinned: only {len(cpus)} CPU available, so server and load generator "
+                               "share it")
         a, b = cpus[0], cpus[1]
         return cls(["taskset", "-c", str(a)], ["taskset", "-c", str(b)],
                    f"Servers pinned to CPU {a}, load generator to CPU {b} (`taskset -c`)")
@@ -62,19 +64,22 @@ def worktree(rev: str, workdir: Path) -> Path:
 
 
 def installed_tree(workdir: Path) -> Path:
-    """The webhook as users install it, to serve from: the wheel's package (its rules compiled, setup.py) beside
-    this checkout's `devtools`. The checkout itself is installed pure for development (`make setup`)."""
+    """The webhook as users install it, to serve from: the wheel's package (its rules compiled, setup.py)
+    beside this checkout's `devtools`. The checkout itself is installed pure for development
+    (`make setup`)."""
     from devtools import wheel
 
     done = wheel.install_cached()
-    probe = subprocess.run([str(done.python), "-c", "import hami_mt_webhook, sys; print(hami_mt_webhook.__file__)"],
+    probe = subprocess.run([str(done.python), "-c",
+                            "import hami_mt_webhook, sys; print(hami_mt_webhook.__file__)"],
                            capture_output=True, text=True, check=True, cwd="/")
     site = Path(probe.stdout.strip()).parents[1]
     tree = workdir / "installed"
     shutil.rmtree(tree, ignore_errors=True)
     tree.mkdir(parents=True)
     shutil.copytree(REPO_ROOT / "devtools", tree / "devtools", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(site / "hami_mt_webhook", tree / "hami_mt_webhook", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(site / "hami_mt_webhook", tree / "hami_mt_webhook",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     for lib in site.glob("hami_mt_webhook__mypyc.*"):
         shutil.copy2(lib, tree / lib.name)
     return tree
@@ -148,7 +153,8 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
         logs.setup(log_level, "json")
         state = State(CONFIG, ClusterView.from_nodes(cluster(s5000, s4000), CONFIG))
         state.metrics.ready.set(1)
-        srv = AdmissionServer(state, addr="127.0.0.1", port=port, certfile=cert, pkeyfile=key, reload_interval=3600.0,
+        srv = AdmissionServer(state, addr="127.0.0.1", port=port, certfile=cert, pkeyfile=key,
+                              reload_interval=3600.0,
                               limits=dataclasses.replace(Limits(), drain_seconds=0.2, shutdown_timeout=1.0))
         gen = srv(None)
         await gen.__anext__()
@@ -264,5 +270,6 @@ async def python_load(url: str, payloads: list[bytes], cafile: str, connections:
         seconds = time.perf_counter() - started
     ordered = sorted(x * 1e3 for x in latencies)
     return {"requests": len(ordered), "seconds": seconds, "errors": errors, "p50": percentile(ordered, 50),
-            "p99": percentile(ordered, 99), "p999": percentile(ordered, 99.9), "max": ordered[-1] if ordered else 0}
+            "p99": percentile(ordered, 99), "p999": percentile(ordered, 99.9),
+            "max": ordered[-1] if ordered else 0}
 

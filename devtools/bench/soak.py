@@ -42,17 +42,18 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         for minute in range(1, opts.soak_minutes + 1):
             load = run_wrk(srv.url, script, opts.soak_connections, 60.0, pin.load, "webhook")
             now = rss_mib(srv.proc.pid)
-            rows.append((minute, f"{load.requests:,}", f"{load.rps:,.0f}", fmt(load.p99), load.errors, fmt(now, 1)))
-            print(f"[soak] minute {minute}: {load.rps:,.0f} reviews/s, p99 {load.p99:.2f} ms, RSS {fmt(now, 1)} MiB",
-                  flush=True)
+            rows.append((minute, f"{load.requests:,}", f"{load.rps:,.0f}", fmt(load.p99), load.errors,
+                         fmt(now, 1)))
+            print(f"[soak] minute {minute}: {load.rps:,.0f} reviews/s, p99 {load.p99:.2f} ms, "
+                  f"RSS {fmt(now, 1)} MiB", flush=True)
         peak = srv.peak_rss_mib()
     finally:
         srv.stop()
     total = sum(int(r[1].replace(",", "")) for r in rows)
     sec.lines += [
-        f"The webhook as part `http` serves it (logging at `{opts.log_level}`), {opts.s5000 + opts.s4000} nodes in "
-        f"its view; wrk with {opts.soak_connections} connections sending the mix in a closed loop, one minute at "
-        f"a time, {opts.soak_minutes} minutes; RSS (VmRSS) read after each minute. {pin.note}.",
+        f"The webhook as part `http` serves it (logging at `{opts.log_level}`), {opts.s5000 + opts.s4000} "
+        f"nodes in its view; wrk with {opts.soak_connections} connections sending the mix in a closed loop, "
+        f"one minute at a time, {opts.soak_minutes} minutes; RSS (VmRSS) read after each minute. {pin.note}.",
         "",
         *table(["minute", "reviews", "reviews/s", "p99 ms", "errors", "RSS MiB"], rows),
         "",
@@ -60,6 +61,6 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     ]
     if rows:
         first, last = rows[0][-1], rows[-1][-1]
-        sec.reading.append(f"Soak: {total:,} reviews in {len(rows)} minutes, RSS {first} MiB after the first minute "
-                           f"and {last} MiB after the last (idle {fmt(idle, 1)}).")
+        sec.reading.append(f"Soak: {total:,} reviews in {len(rows)} minutes, RSS {first} MiB after the first "
+                           f"minute and {last} MiB after the last (idle {fmt(idle, 1)}).")
     return sec

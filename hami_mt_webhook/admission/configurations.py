@@ -14,6 +14,9 @@ from typing import Any
 
 import yaml
 
+__all__ = ["Manifest", "WEBHOOK_KINDS", "MissingData", "webhook_configurations", "Dumper", "b64",
+           "with_ca_bundle", "dump"]
+
 Manifest = dict[str, Any]
 
 #: The admission configurations whose webhooks carry a clientConfig.

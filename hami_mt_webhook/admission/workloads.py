@@ -18,6 +18,8 @@ from ..rules.decision import Decision
 from . import enforcement
 from .pods import admit
 
+__all__ = ["check"]
+
 
 def kind_of(request: dict[str, Any]) -> str | None:
     """The request's kind, else its object's (hand-written reviews often leave `request.kind` out); None when

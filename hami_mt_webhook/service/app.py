@@ -20,6 +20,8 @@ from .probes import health_app
 from .server import AdmissionServer
 from .state import State
 
+__all__ = ["run"]
+
 logger = logging.getLogger("hami_mt_webhook")
 
 

@@ -19,6 +19,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+__all__ = ["KeyPair", "Layout", "LOCAL_SANS", "new_ca", "issue", "split_sans", "write_atomic", "write_pair",
+           "ensure", "rotate", "expiry"]
+
 CA_DAYS = 3650
 SERVING_DAYS = 365
 #: A serving certificate is renewed once this share of its lifetime has passed.

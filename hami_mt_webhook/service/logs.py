@@ -18,6 +18,8 @@ from typing import Any, TextIO
 
 import orjson
 
+__all__ = ["setup", "JsonLines"]
+
 #: Extra fields the webhook's own log lines carry (see handler.log_decision).
 FIELDS = ("webhook", "kind", "namespace", "object", "uid", "dry_run", "reason", "warnings")
 FLUSH_SECONDS = 0.2

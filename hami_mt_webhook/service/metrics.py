@@ -13,6 +13,8 @@ from prometheus_client.utils import floatToGoString
 
 from ..rules.decision import Decision
 
+__all__ = ["Metrics"]
+
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
 
 

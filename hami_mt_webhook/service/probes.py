@@ -6,6 +6,8 @@ import aiohttp.web
 
 from .state import State
 
+__all__ = ["health_app"]
+
 
 def health_app(state: State) -> aiohttp.web.Application:
     """/readyz is ready once the node view has been synced (and stays so while the watch reconnects: see

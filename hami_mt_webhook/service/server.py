@@ -23,6 +23,8 @@ from .listener import Limits, Listener
 from .state import State
 from .tls import CertReloader
 
+__all__ = ["AdmissionServer"]
+
 logger = logging.getLogger("hami_mt_webhook")
 
 

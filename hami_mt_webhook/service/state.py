@@ -9,6 +9,8 @@ from ..rules.config import Config
 from ..rules.quota import QuotaIndex
 from .metrics import Metrics
 
+__all__ = ["State"]
+
 
 @dataclass
 class State:

@@ -15,6 +15,8 @@ from pathlib import Path
 from . import certs
 from .metrics import Metrics
 
+__all__ = ["tls_context"]
+
 logger = logging.getLogger("hami_mt_webhook")
 
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"

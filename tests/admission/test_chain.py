@@ -8,11 +8,24 @@ from typing import Any
 import orjson
 
 from hami_mt_webhook.admission import review
-from hami_mt_webhook.admission.pods import chain, mutate_pods
+from hami_mt_webhook.admission.pods import admit, chain, mutate_pods
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.decision import Decision
-from tests.builders import CORE, MEMORY, SCHEDULER, VGPU, container, make_pod, nodes_view, review_body
+from tests.builders import (
+    CORE,
+    DEBUGGER,
+    MEMORY,
+    ROOT_DEBUGGER,
+    SCHEDULER,
+    VGPU,
+    WHOLE,
+    bound_pod,
+    container,
+    make_pod,
+    nodes_view,
+    review_body,
+)
 
 VIEW = nodes_view()
 CONFIG = Config()
@@ -21,13 +34,23 @@ IGNORE = {"hami.io/webhook": "ignore"}
 
 def test_a_review_of_a_labelled_pod_gets_only_the_validating_webhook():
     """SPEC 4.8: the label keeps mutate-pods away (its objectSelector), so nothing is filled or warned."""
-    body = review_body(make_pod(container(limits={VGPU: 1, MEMORY: 32}), labels=IGNORE, schedulerName=SCHEDULER))
+    body = review_body(make_pod(container(limits={VGPU: 1, MEMORY: 32}), labels=IGNORE,
+                                schedulerName=SCHEDULER))
     out, decision = review.admit_review(body, VIEW, CONFIG)
     assert decision.allowed and "patch" not in out["response"] and decision.warnings == []
     body = review_body(make_pod(container(limits={VGPU: 1, MEMORY: 32}), labels=IGNORE))
     out, decision = review.admit_review(body, VIEW, CONFIG)
     assert out["response"]["allowed"] is False and decision.reason == "unmutated"
     assert "label skips the mutation only" in decision.message
+
+
+def test_admit_skips_the_mutation_of_a_labelled_pod_as_the_api_server_does():
+    body = make_pod(container("c", {VGPU: "1", MEMORY: "32"}), labels=IGNORE, schedulerName="hami-scheduler",
+                    defaults=False)
+    d = admit(body, VIEW, CONFIG)
+    assert d.allowed and d.patch == [] and d.warnings == []  # not filled: the mutation did not run
+    mixed = make_pod(container("c", {VGPU: "1", WHOLE: "1"}), labels=IGNORE, schedulerName="hami-scheduler")
+    assert admit(mixed, VIEW, CONFIG).reason == "mixing"
 
 
 def test_a_validating_denial_keeps_the_mutating_warnings():
@@ -51,6 +74,16 @@ def test_new_ephemeral_containers_are_judged_through_the_chain():
     body["request"]["subResource"] = "ephemeralcontainers"
     out, decision = review.admit_review(body, VIEW, CONFIG)
     assert out["response"]["allowed"] is False and decision.reason == "privileged"
+
+
+def test_the_validating_webhook_reviews_the_ephemeralcontainers_subresource():
+    body = review_body(bound_pod(ROOT_DEBUGGER), operation="UPDATE", old=bound_pod())
+    body["request"]["subResource"] = "ephemeralcontainers"
+    reply = review.handle(orjson.dumps(body), "validate-pods", VIEW, CONFIG)
+    assert reply.status == 200 and reply.decision is not None and not reply.decision.allowed
+    assert review.handle(orjson.dumps(body), "mutate-pods", VIEW, CONFIG).decision.allowed
+    body["request"]["object"]["spec"]["ephemeralContainers"] = [DEBUGGER]
+    assert review.handle(orjson.dumps(body), "validate-pods", VIEW, CONFIG).decision.allowed
 
 
 def test_a_kind_that_is_not_a_string_is_answered():

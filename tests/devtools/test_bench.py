@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from devtools.bench import cli, http, report, workload
-from devtools.cluster import CONFIG
+from devtools.cluster import CONFIG, pod
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.capacity import ClusterView
 
@@ -46,7 +46,7 @@ def test_the_node_index_sees_every_synthetic_node() -> None:
     view = ClusterView.from_nodes(workload.cluster(20, 10), CONFIG)
     assert len(view) == 30
     assert view.candidates({}, CONFIG).capacities == frozenset({96, 160})
-    pinned = view.candidates(workload.pod("exclusive")["spec"], CONFIG)
+    pinned = view.candidates(pod("exclusive")["spec"], CONFIG)
     assert pinned.capacities == frozenset({160}) and pinned.max_cards == 8
 
 

@@ -94,8 +94,9 @@ def test_review_checks_the_examples_as_the_source_tree_does(installed: Installed
 
 
 def test_the_rules_are_compiled_and_the_unit_tiers_pass_on_them(installed: Installed, tmp_path: Path) -> None:
-    """The wheel's rules are mypyc modules (setup.py); the rules, admission and CLI tiers, hypothesis properties
-    and fuzzing included, run here against those compiled modules, so compiled and pure Python cannot differ."""
+    """The wheel's rules are mypyc modules (setup.py); the rules, admission, manifests and CLI tiers,
+    hypothesis properties and fuzzing included, run here against those compiled modules, so compiled and
+    pure Python cannot differ."""
     probe = subprocess.run([str(installed.python), "-c", "import hami_mt_webhook.rules.pods as p; print(p.__file__)"],
                            capture_output=True, text=True, cwd="/", timeout=60)
     assert probe.returncode == 0 and probe.stdout.strip().endswith(".so"), probe.stdout + probe.stderr
@@ -107,7 +108,7 @@ def test_the_rules_are_compiled_and_the_unit_tiers_pass_on_them(installed: Insta
     for lib in site.glob("hami_mt_webhook__mypyc.*.so"):
         shutil.copy2(lib, copy / lib.name)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not e2e",
-                           "tests/rules", "tests/admission", "tests/cli"],
+                           "tests/rules", "tests/admission", "tests/manifests", "tests/cli"],
                           capture_output=True, text=True, cwd=copy, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.splitlines()[-1]
