@@ -54,6 +54,10 @@ class Limits:
                              "must be positive")
 
 
+#: The limits `serve` applies unless told otherwise (its --help shows these).
+DEFAULT_LIMITS = Limits()
+
+
 class Phase(enum.Enum):
     # Members are compared by identity, so they may hash by it: Enum's own __hash__ runs Python code, and
     # the listener hashes a phase on every change of it (four per request).

@@ -200,7 +200,7 @@ class Listener:
         interval = max(0.02, min(0.5, min(self._timeouts.values()) / 5))
         while True:
             await asyncio.sleep(interval)
-            self._expire(self.loop.time())
+            self.close_expired(self.loop.time())
             self._give_back()
 
     def _give_back(self) -> None:
@@ -211,7 +211,7 @@ class Listener:
             self._high = self._count
             trim_heap()
 
-    def _expire(self, now: float) -> None:
+    def close_expired(self, now: float) -> None:
         """Close connections past their phase's deadline; each phase's connections are in order of entry.
 
         A kept-alive connection whose next request already waits in its socket is left for the read

@@ -9,7 +9,7 @@ import orjson
 import pytest
 
 from hami_mt_webhook.admission import review
-from hami_mt_webhook.admission.pods import admit
+from hami_mt_webhook.admission.pods import mutate_then_validate_pod
 from hami_mt_webhook.rules.capacity import ClusterView, NodeReport
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.pods import ephemeral, mutate, validate
@@ -644,10 +644,10 @@ def test_a_labelled_pod_is_told_what_its_label_does():
 
 def test_admit_skips_the_mutation_of_a_labelled_pod_as_the_api_server_does():
     body = make_pod(ctr("c", {V: "1", M: "32"}), labels=IGNORE, schedulerName="hami-scheduler", defaults=False)
-    d = admit(body, VIEW, CFG)
+    d = mutate_then_validate_pod(body, VIEW, CFG)
     assert d.allowed and d.patch == [] and d.warnings == []  # not filled: the mutation did not run
     mixed = make_pod(ctr("c", {V: "1", G: "1"}), labels=IGNORE, schedulerName="hami-scheduler")
-    assert admit(mixed, VIEW, CFG).reason == "mixing"
+    assert mutate_then_validate_pod(mixed, VIEW, CFG).reason == "mixing"
 
 
 # §4.3: ephemeral containers added to a running pod (kubectl debug) -----------------------------------------------
