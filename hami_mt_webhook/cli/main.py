@@ -42,23 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the admission webhook (needs a cluster: kubeconfig or in-cluster)",
-                           description="Serve the mutating (/mutate-pods) and validating (/validate-pods) pod "
-                                       "webhooks and the workload template check (/validate-workloads) over HTTPS, "
-                                       "with a Node watch for per-card capacities.")
+    serve = sub.add_parser(
+        "serve", help="run the admission webhook (needs a cluster: kubeconfig or in-cluster)",
+        description="Serve the mutating (/mutate-pods) and validating (/validate-pods) pod webhooks and the "
+                    "workload template check (/validate-workloads) over HTTPS, with a Node watch for "
+                    "per-card capacities.")
     limits = serve.add_argument_group("listener limits (docs/operating.md)")
     for setting in settings.SERVE:
         _flag(limits if setting in settings.LIMITS else serve, setting, setting.read())
     _config_flags(serve)
 
-    rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
-                        description="Run the mutating and then the validating rules on pods from files, and on the "
-                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
-                                    "ReplicationControllers, Jobs and CronJobs, and of training jobs (Kubeflow "
-                                    "PyTorchJob and MPIJob, Ray RayJob and RayCluster, LeaderWorkerSet, JobSet, "
-                                    "Volcano Job). Objects of other kinds are listed "
-                                    "as skipped. Exit 0: all judged objects allowed; 1: any denied; 2: bad input "
-                                    "(or, with --strict, a skipped kind).")
+    rv = sub.add_parser(
+        "review", help="check pods and workloads offline, as the API server would with the webhooks",
+        description="Run the mutating and then the validating rules on pods from files, and on the pod "
+                    "templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
+                    "ReplicationControllers, Jobs and CronJobs, and of training jobs (Kubeflow PyTorchJob "
+                    "and MPIJob, Ray RayJob and RayCluster, LeaderWorkerSet, JobSet, Volcano Job). Objects "
+                    "of other kinds are listed as skipped. Exit 0: all judged objects allowed; 1: any "
+                    "denied; 2: bad input (or, with --strict, a skipped kind).")
     rv.add_argument("-f", "--filename", action="append", required=True, dest="files",
                     help="YAML or JSON file (several documents allowed; - for stdin); repeatable")
     rv.add_argument("--nodes", action="append", default=[],
@@ -66,32 +67,35 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per document, one per line")
     rv.add_argument("-v", "--verbose", action="store_true",
-                    help="say, per object, which per-card capacities it was judged against and why: the sliced "
-                         "nodes its nodeSelector and required affinity allow, or the --memory-per-card fallback")
+                    help="say, per object, which per-card capacities it was judged against and why: the "
+                         "sliced nodes its nodeSelector and required affinity allow, or the "
+                         "--memory-per-card fallback")
     rv.add_argument("--strict", action="store_true",
-                    help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error (exit 2) "
-                         "instead of being skipped")
+                    help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error "
+                         "(exit 2) instead of being skipped")
     _config_flags(rv)
 
-    dr = sub.add_parser("doctor", help="check a live cluster, read-only: one line per finding, with what to do",
-                        description="Read the cluster of the kubeconfig (or the pod's service account) and report "
-                                    "what needs action: the vendor's scheduler and webhook still installed, HAMi's "
-                                    "own webhook, pods no scheduler answers, node card reports, this webhook's "
-                                    "registration and certificate, replicas and PodDisruptionBudget, quotas HAMi-"
-                                    "style, and slice pods outside HAMi. Changes nothing. Exit 0: nothing to act "
-                                    "on; 1: findings; 2: doctor cannot run (unreachable, no credentials, no "
-                                    "permission). Give the webhook's own rule settings (docs/day-2.md).")
+    dr = sub.add_parser(
+        "doctor", help="check a live cluster, read-only: one line per finding, with what to do",
+        description="Read the cluster of the kubeconfig (or the pod's service account) and report what needs "
+                    "action: the vendor's scheduler and webhook still installed, HAMi's own webhook, pods no "
+                    "scheduler answers, node card reports, this webhook's registration and certificate, "
+                    "replicas and PodDisruptionBudget, quotas HAMi-style, and slice pods outside HAMi. "
+                    "Changes nothing. Exit 0: nothing to act on; 1: findings; 2: doctor cannot run "
+                    "(unreachable, no credentials, no permission). Give the webhook's own rule settings "
+                    "(docs/day-2.md).")
     _flag(dr, settings.DOCTOR_KUBECONFIG, settings.DOCTOR_KUBECONFIG.read())
     dr.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per finding, one per line")
     dr.add_argument("--pending-minutes", type=float, default=5.0,
-                    help="a pod that no scheduler has tried to place for this long means nothing answers to its "
-                         "scheduler name [5]")
+                    help="a pod that no scheduler has tried to place for this long means nothing answers to "
+                         "its scheduler name [5]")
     _config_flags(dr)
 
     ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
-                        description="Write ca.crt/ca.key, ca-bundle.crt and tls.crt/tls.key into --dir (kept if "
-                                    "present), and the webhook configurations with the CA bundle filled in.")
+                        description="Write ca.crt/ca.key, ca-bundle.crt and tls.crt/tls.key into --dir (kept "
+                                    "if present), and the webhook configurations with the CA bundle filled "
+                                    "in.")
     ct.add_argument("--dir", default=DEFAULT_CERTS, help=f"certificate directory [{DEFAULT_CERTS}]")
     ct.add_argument("--service", default="hami-mt-webhook", help="Service name for the DNS SANs")
     ct.add_argument("--namespace", default="hami-mt-webhook", help="Service namespace for the DNS SANs")
@@ -104,10 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="renew the serving certificate if 2/3 of its lifetime has passed")
     ct.add_argument("--force", action="store_true", help="with --rotate: renew now")
     ct.add_argument("--new-ca", action="store_true",
-                    help="with --rotate: start replacing the CA; ca-bundle.crt then holds the new and the old CA "
-                         "(apply it, then --rotate --force, then --rotate --drop-old-ca)")
+                    help="with --rotate: start replacing the CA; ca-bundle.crt then holds the new and the "
+                         "old CA (apply it, then --rotate --force, then --rotate --drop-old-ca)")
     ct.add_argument("--drop-old-ca", action="store_true",
-                    help="with --rotate: ca-bundle.crt holds the current CA only (the last step of a CA change)")
+                    help="with --rotate: ca-bundle.crt holds the current CA only (the last step of a CA "
+                         "change)")
 
     return parser
 
@@ -129,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_doctor(args.kubeconfig, _load_config(args), args.output, args.pending_minutes)
         if args.command == "certs":
             return _certs(args)
-    except BrokenPipeError:  # `review ... | head`: a reader that has read enough is a normal end, not an error
+    except BrokenPipeError:
+        # `review ... | head`: a reader that has read enough is a normal end, not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit, so nothing more is said
         return 141  # as a shell reports a command ended by SIGPIPE

@@ -25,7 +25,8 @@ DEFAULT_CERTS = "certs"
 
 @dataclass(frozen=True)
 class Setting:
-    """A flag, the environment variable that stands in for it, and the default when neither is given."""
+    """A flag, the environment variable that stands in for it, and the default when neither is given:
+    written once here, so that --help, the parser and README's table cannot disagree."""
 
     flag: str
     default: object  # None: unset; an int or a float makes the flag take one
@@ -54,10 +55,9 @@ class Setting:
         tag = f"[{self.env}; {shown}]" if shown else f"[{self.env}]"
         return f"{self.help} {tag}" if self.help else tag
 
-    def read(self, environ: Mapping[str, str] | None = None) -> str | None:
+    def read(self) -> str | None:
         """The flag's default for the parser: the variable when set and not empty, else the default."""
-        value = (os.environ if environ is None else environ).get(self.env)
-        return value or written(self.default) or None
+        return os.environ.get(self.env) or written(self.default) or None
 
 
 def written(value: object) -> str:
@@ -165,11 +165,13 @@ def parse_capacities(text: str, source: str = "--memory-per-card") -> tuple[int,
     try:
         values = tuple(int(part) for part in parse_list(text))
     except ValueError:
-        raise ValueError(f"{source} must be whole numbers of 512 MiB units, e.g. 96,160; got {text[:64]!r}") from None
+        raise ValueError(f"{source} must be whole numbers of 512 MiB units, e.g. 96,160; "
+                         f"got {text[:64]!r}") from None
     if not values:
         raise ValueError(f"{source} must list at least one capacity, e.g. 96; got {text[:64]!r}")
     if any(v < 2 for v in values):
-        raise ValueError(f"{source} must list capacities of at least 2 units (1 GiB), e.g. 96,160; got {text[:64]!r}")
+        raise ValueError(f"{source} must list capacities of at least 2 units (1 GiB), e.g. 96,160; "
+                         f"got {text[:64]!r}")
     return values
 
 
@@ -185,7 +187,8 @@ def parse_taint(text: str) -> tuple[str, str, str] | None:
     key, _, value = spec.partition("=")
     if not key or effect not in TAINT_EFFECTS or any(c.isspace() for c in text):
         raise ValueError(f"the sliced-node taint must read key[=value]:effect with effect one of "
-                         f"{', '.join(TAINT_EFFECTS)}, e.g. example.com/sliced=true:NoSchedule; got {text[:64]!r}")
+                         f"{', '.join(TAINT_EFFECTS)}, e.g. example.com/sliced=true:NoSchedule; "
+                         f"got {text[:64]!r}")
     return key, value, effect
 
 

@@ -69,7 +69,8 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
 
 
 async def _keep_watching(watch: nodewatch.Watch) -> None:
-    """The watch retries API errors itself; this restarts it after anything else, so the view never freezes."""
+    """The watch retries API errors itself; this restarts it after anything else, so the view never
+    freezes."""
     while True:
         try:
             await watch.run()

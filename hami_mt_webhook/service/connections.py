@@ -49,9 +49,10 @@ class Limits:
         for name in ("handshake_timeout", "idle_timeout", "request_timeout", "write_timeout", "close_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"listener limit {name} must be a positive number of seconds")
-        if min(self.max_connections, self.max_handshakes, self.max_body, self.big_body, self.big_concurrency) < 1:
-            raise ValueError("listener limits max_connections, max_handshakes, max_body, big_body, big_concurrency "
-                             "must be positive")
+        if min(self.max_connections, self.max_handshakes, self.max_body, self.big_body,
+               self.big_concurrency) < 1:
+            raise ValueError("listener limits max_connections, max_handshakes, max_body, big_body, "
+                             "big_concurrency must be positive")
 
 
 #: The limits `serve` applies unless told otherwise (its --help shows these).
@@ -160,7 +161,8 @@ class Conn:
             return
         self.host.handshaking(self)  # may make room by closing an older handshake
         try:
-            self.tls = self.host.context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+            self.tls = self.host.context.wrap_socket(self.sock, server_side=True,
+                                                     do_handshake_on_connect=False)
         except (OSError, ValueError):  # the peer is already gone
             self.abort()
             return
@@ -242,7 +244,8 @@ class Conn:
             return
         body = bytes(self.buf[:head.length])
         del self.buf[:head.length]
-        if self.body is not None:  # the large-body task waits for it: nothing more is read until it is answered
+        # The large-body task waits for it: nothing more is read until it is answered.
+        if self.body is not None:
             self._watch(None)
             self.body.set_result(body)
             return

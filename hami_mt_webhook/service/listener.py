@@ -53,7 +53,8 @@ logger = logging.getLogger("hami_mt_webhook")
 #: How long past its idle deadline a kept-alive connection with unread bytes is left to be read.
 REQUEST_WAITING_GRACE = 1.0
 
-#: Connections open at once that make a burst worth trimming the heap after (kube-apiserver keeps a few dozen).
+#: Connections open at once that make a burst worth trimming the heap after (kube-apiserver keeps a few
+#: dozen).
 TRIM_AFTER = 256
 
 
@@ -71,7 +72,8 @@ class Listener:
 
     def __init__(self, responder: Responder, host: str, port: int, context: ssl.SSLContext,
                  limits: Limits, on_close: Callable[[str], None] | None = None) -> None:
-        self.responder, self.host, self.port, self.context, self.limits = responder, host, port, context, limits
+        self.responder, self.host, self.port = responder, host, port
+        self.context, self.limits = context, limits
         self.loop = asyncio.get_running_loop()
         self.sock: socket.socket | None = None  # the listening socket
         self.draining = False

@@ -114,7 +114,8 @@ class Watch:
                         self.mode = await _choose_mode(session, info.server, self.what)
                     while True:
                         await self._once(session, info.server)
-                        delay, self.failures = BACKOFF_START, 0  # a watch that ended cleanly: reconnect at once
+                        # A watch that ended cleanly: reconnect at once.
+                        delay, self.failures = BACKOFF_START, 0
             except asyncio.CancelledError:
                 raise
             except Expired as err:
@@ -215,7 +216,8 @@ def mode_for(major: int, minor: int) -> str:
 
 
 async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = "node watch") -> str:
-    """`mode_for` the API server's version; an unreadable version streams, with paged lists as the fallback."""
+    """`mode_for` the API server's version; an unreadable version streams, with paged lists as the
+    fallback."""
     async with session.get(server + "/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
         await _check(resp)
         version = orjson.loads(await resp.read())
