@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from hami_mt_webhook.cli import main as cli
+from hami_mt_webhook.cli import settings
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -17,7 +18,7 @@ def _section(text: str, heading: str) -> str:
     return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
 
 
-def test_readme_configuration_table_lists_every_serve_flag_with_its_variable_and_default():
+def test_readme_configuration_table_lists_every_serve_setting_with_its_variable_and_default():
     table = [line for line in _section(README.read_text(), "Configuration").splitlines() if line.startswith("| `")]
     documented: dict[str, tuple[str, str]] = {}
     for row in table:
@@ -25,13 +26,12 @@ def test_readme_configuration_table_lists_every_serve_flag_with_its_variable_and
         for i, flag in enumerate(flags):
             documented[flag] = (envs[i] if i < len(envs) else envs[0], defaults[i] if i < len(defaults) else "")
     serve = cli.build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
-    for action in serve._actions:
-        flag = next((o for o in action.option_strings if o.startswith("--")), None)
-        if flag is None or flag == "--help":
-            continue
+    flags = {o for action in serve._actions for o in action.option_strings if o.startswith("--")} - {"--help"}
+    known = {setting.flag: setting for setting in (*settings.SERVE, *settings.RULES)}
+    assert flags == set(known), "a serve flag that is not a settings.Setting"
+    for flag, setting in known.items():
         assert flag in documented, f"README's Configuration table lacks {flag}"
         env, default = documented[flag]
-        assert f"[{env}" in (action.help or ""), f"{flag}: README says {env}, --help says {action.help!r}"
-        if action.default is not None and default and not default.startswith(("in-cluster", "unset")):
-            assert str(action.default) in (default, f"{float(default):g}" if default.isdigit() else default), \
-                f"{flag}: README says {default}, the parser {action.default!r}"
+        assert env == setting.env, f"{flag}: README says {env}, the settings {setting.env}"
+        if default:  # unset ones read "unset" or "in-cluster", outside backticks
+            assert default == setting.shown, f"{flag}: README says {default}, the settings {setting.shown}"

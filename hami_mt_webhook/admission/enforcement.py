@@ -1,7 +1,7 @@
 """Rollout mode (SPEC.md §4.10): under `warn`, a rule's denial becomes the warning `would deny: <message>`.
 
 The rules always decide as under `deny`; this layer wraps the pod webhooks' steps (admission.pods) and
-rewrites their decisions, and `admit_request` chains the wrapped steps with `pods.chain`. For the mutating
+rewrites their decisions, and `enforced` chains the wrapped steps with `pods.chain`. For the mutating
 webhook a warning alone is not enough: the pod must still be mutated as far as the rules can, so that
 turning `deny` on later changes nothing but the answer for the pods that were warned about. `mutating`
 gets there by asking the step again about a copy of the pod in which each denied part is set aside (a
@@ -107,16 +107,17 @@ validate_step = validating(validate_pods)
 _warned_request = chain(mutate_step, validate_step, merge)
 
 
-def admit_request(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
-    """Both pod webhooks for one request, as the API server calls them, under the configured enforcement."""
+def enforced(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+    """Both pod webhooks for one request, as the API server calls them, under the configured enforcement:
+    in rollout mode (`warn`) rule denials are warnings and the pod is still mutated."""
     if config.enforcement != WARN:
-        return pods.admit_request(request, view, config)
+        return pods.mutate_then_validate(request, view, config)
     return _warned_request(request, view, config)
 
 
-def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
-    """Both pod webhooks for a pod being created, under the configured enforcement."""
-    return admit_request({"operation": "CREATE", "object": pod}, view, config)
+def enforced_pod(pod: Any, view: ClusterView, config: Config) -> Decision:
+    """`enforced` for a pod being created."""
+    return enforced({"operation": "CREATE", "object": pod}, view, config)
 
 
 def _would_deny(decision: Decision) -> list[str]:

@@ -58,11 +58,13 @@ def validate_pods(request: dict[str, Any], view: ClusterView, config: Config) ->
 
 
 def join(mutated: Decision, checked: Decision) -> Decision:
-    """The mutating answer (its changes, warnings of both), or the validating one's denial with every warning."""
+    """The mutating answer (its changes, warnings of both), or the validating one's denial with every
+    warning."""
     return replace(mutated if checked.allowed else checked, warnings=[*mutated.warnings, *checked.warnings])
 
 
-def chain(mutating: Handler, validating: Handler, joined: Callable[[Decision, Decision], Decision] = join) -> Handler:
+def chain(mutating: Handler, validating: Handler,
+          joined: Callable[[Decision, Decision], Decision] = join) -> Handler:
     """Both webhooks as the API server calls them: the mutating one, then the validating one on its result.
 
     `joined` makes one answer of the two (`join`; rollout mode has its own). A pod labelled
@@ -83,10 +85,11 @@ def chain(mutating: Handler, validating: Handler, joined: Callable[[Decision, De
     return both
 
 
-#: What the API server does with both pod webhooks for one request.
-admit_request = chain(mutate_pods, validate_pods)
+#: What the API server does with both pod webhooks for one request, as the rules decide (under `deny`;
+#: `enforcement.enforced` adds rollout mode).
+mutate_then_validate = chain(mutate_pods, validate_pods)
 
 
-def admit(pod: Any, view: ClusterView, config: Config) -> Decision:
+def mutate_then_validate_pod(pod: Any, view: ClusterView, config: Config) -> Decision:
     """Both pod webhooks for a pod being created, as written in a manifest or a workload's template."""
-    return admit_request({"operation": "CREATE", "object": pod}, view, config)
+    return mutate_then_validate({"operation": "CREATE", "object": pod}, view, config)

@@ -11,7 +11,7 @@ import base64
 import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 
@@ -21,13 +21,13 @@ from ..rules.config import Config
 from ..rules.decision import Decision
 from ..rules.text import quote
 from . import enforcement
-from .enforcement import admit, admit_request
+from .enforcement import enforced, enforced_pod
 from .pods import EPHEMERAL, Handler, Rule, decide
 from .workloads import decide_workload, kind_of, workload_kind
 
-__all__ = ["API_VERSIONS", "EPHEMERAL", "WEBHOOKS", "BadReview", "Handler", "Reply", "Rule", "admit", "admit_review",
-           "answer", "decide", "decide_workload", "handle", "handle_parsed", "parse", "quota_warnings",
-           "request_of", "respond", "route"]
+__all__ = ["API_VERSIONS", "EPHEMERAL", "WEBHOOKS", "BadReview", "Handler", "Reply", "Route", "Rule",
+           "admit_review", "decide", "decide_workload", "enforced_pod", "handle", "handle_parsed",
+           "handle_routed", "parse", "quota_warnings", "request_of", "respond", "route"]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}
@@ -58,14 +58,6 @@ def request_of(review: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return request, uid
 
 
-def answer(review: dict[str, Any], handler: Handler, view: ClusterView,
-           config: Config) -> tuple[dict[str, Any], Decision]:
-    """Apply a webhook's `handler` to the review's request."""
-    request, uid = request_of(review)
-    decision = handler(request, view, config)
-    return respond(uid, decision, review.get("apiVersion")), decision
-
-
 #: Handler ids; the webhook configurations call https://<service>/<id>. The pod webhooks answer under the
 #: configured enforcement (admission.enforcement).
 WEBHOOKS: dict[str, Handler] = {
@@ -75,22 +67,31 @@ WEBHOOKS: dict[str, Handler] = {
 }
 
 
-#: Paths under this prefix (`/warn/mutate-pods`, ...) answer under `warn` whatever the server's enforcement: the
-#: webhook configurations send them the requests of namespaces labelled `hami.io/enforcement: warn` (§4.10).
+#: Paths under this prefix (`/warn/mutate-pods`, ...) answer under `warn` whatever the server's enforcement:
+#: the webhook configurations send them the requests of namespaces labelled `hami.io/enforcement: warn`
+#: (§4.10).
 WARN_PREFIX = "warn/"
 
 
-def route(webhook: str, config: Config) -> tuple[str, Config]:
-    """The handler id a path names, and the settings to answer it with."""
+#: What a request's path names, resolved once per request (the server labels its metrics with it too):
+#: the handler id without `warn/`, its handler (None: no such webhook, a 404) and the settings to answer
+#: with (`warn` under /warn/). A plain tuple, as one is made for every review.
+Route: TypeAlias = tuple[str, Handler | None, Config]
+
+
+def route(webhook: str, config: Config) -> Route:
+    """The handler a path names, and the settings to answer it with."""
     if webhook.startswith(WARN_PREFIX):
-        return webhook[len(WARN_PREFIX):], warned(config)
-    return webhook, config
+        webhook, config = webhook[len(WARN_PREFIX):], warned(config)
+    return webhook, WEBHOOKS.get(webhook), config
 
 
 @lru_cache(maxsize=8)
 def warned(config: Config) -> Config:
     """`config` under `warn`; cached, as it is asked for on every review of a namespace in warn."""
-    return config if config.enforcement == enforcement.WARN else dataclasses.replace(config, enforcement="warn")
+    if config.enforcement == enforcement.WARN:
+        return config
+    return dataclasses.replace(config, enforcement="warn")
 
 
 def respond(uid: str, decision: Decision, api_version: Any = None) -> dict[str, Any]:
@@ -121,20 +122,28 @@ class Reply:
 def handle(body: bytes, webhook: str, view: ClusterView, config: Config,
            quotas: quota.QuotaIndex | None = None) -> Reply:
     """The HTTP seam: status code and body for a POST to /<webhook>."""
+    return handle_routed(body, route(webhook, config), view, quotas)
+
+
+def handle_routed(body: bytes, routed: Route, view: ClusterView,
+                  quotas: quota.QuotaIndex | None = None) -> Reply:
+    """`handle` for a path already routed: the server routes each request once, and counts it under
+    the route."""
     try:
-        review = parse(body) if route(webhook, config)[0] in WEBHOOKS else {}
+        review = parse(body) if routed[1] is not None else {}  # a 404 needs no body
     except BadReview as err:
         return Reply(400, orjson.dumps({"error": str(err)}))
-    return handle_parsed(review, webhook, view, config, quotas)
+    return handle_parsed(review, routed, view, quotas)
 
 
-def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, config: Config,
+def handle_parsed(review: dict[str, Any], routed: Route, view: ClusterView,
                   quotas: quota.QuotaIndex | None = None) -> Reply:
-    """`handle` for a body already decoded with `parse` (the server decodes large bodies in a thread)."""
-    webhook, config = route(webhook, config)
-    handler = WEBHOOKS.get(webhook)
+    """`handle_routed` for a body already decoded with `parse` (the server decodes large bodies in a
+    thread)."""
+    webhook, handler, config = routed
     if handler is None:
-        return Reply(404, orjson.dumps({"error": f"no webhook {quote(webhook)}; known: {', '.join(WEBHOOKS)}"}))
+        known = ", ".join(WEBHOOKS)
+        return Reply(404, orjson.dumps({"error": f"no webhook {quote(webhook)}; known: {known}"}))
     try:
         request, uid = request_of(review)
         decision = handler(request, view, config)
@@ -147,7 +156,8 @@ def handle_parsed(review: dict[str, Any], webhook: str, view: ClusterView, confi
 
 def quota_warnings(request: dict[str, Any], decision: Decision, quotas: quota.QuotaIndex | None,
                    config: Config) -> None:
-    """§4.9, once per pod (by the mutating webhook): the namespace's quotas that Kubernetes does not enforce."""
+    """§4.9, once per pod (by the mutating webhook): the namespace's quotas that Kubernetes does not
+    enforce."""
     if quotas is None or request.get("operation") != "CREATE" or request.get("subResource") \
             or kind_of(request) not in (None, "Pod"):
         return
@@ -164,6 +174,6 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config,
     if workload_kind(request) is not None:
         decision = decide_workload(request, view, config)
     else:
-        decision = admit_request(request, view, config)
+        decision = enforced(request, view, config)
         quota_warnings(request, decision, quotas, config)
     return respond(uid, decision, review.get("apiVersion")), decision

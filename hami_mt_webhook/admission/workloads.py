@@ -2,9 +2,10 @@
 
 A pod-only webhook accepts a Deployment whose pods it will refuse: the refusal then shows only as
 FailedCreate events on a ReplicaSet. Here the template is turned into the pod a controller would
-create (rules.workloads) and run through both pod webhooks (`pods.admit`), so `kubectl apply` is denied
-with the same message, and the changes pod creation will make come back as warnings. The workload
-itself is never patched. Training jobs (a launcher and workers) get each of their templates checked.
+create (rules.workloads) and run through both pod webhooks (`pods.mutate_then_validate_pod`), so
+`kubectl apply` is denied with the same message, and the changes pod creation will make come back as
+warnings. The workload itself is never patched. Training jobs (a launcher and workers) get each of their
+templates checked.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
 from . import enforcement
-from .pods import admit
+from .pods import mutate_then_validate_pod
 
 __all__ = ["check"]
 
@@ -33,7 +34,8 @@ def kind_of(request: dict[str, Any]) -> str | None:
 
 
 def workload_kind(request: dict[str, Any]) -> workloads.Kind | None:
-    """The workload table's entry for the request: by `request.kind`'s group and kind, else by the object's."""
+    """The workload table's entry for the request: by `request.kind`'s group and kind, else by the
+    object's."""
     kind = request.get("kind")
     if isinstance(kind, dict) and isinstance(kind.get("kind"), str):
         group = kind.get("group")
@@ -57,8 +59,10 @@ def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) 
     return enforcement.soften(check(obj, kind, view, config, old=old), config)
 
 
-def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: Config, old: Any = None) -> Decision:
-    """The validate-workloads answer under `deny`: deny what pod creation would deny, warn what it would change.
+def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: Config,
+          old: Any = None) -> Decision:
+    """The validate-workloads answer under `deny`: deny what pod creation would deny, warn what it would
+    change.
 
     `old` is the stored object on UPDATE. An update that leaves the templates as they were is never denied
     (scaling a Deployment created before this webhook must keep working); it only warns when the
@@ -71,22 +75,24 @@ def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: 
     name = workloads.label(workload, entry)
     found = list(workloads.templates(workload, entry))
     if not found:
-        return Decision.deny(f"{name} has no pod template at {workloads.template_path(entry)}", "malformed", 400,
-                             obj=workload)
+        return Decision.deny(f"{name} has no pod template at {workloads.template_path(entry)}", "malformed",
+                             400, obj=workload)
     named = len(entry.paths) > 1 or any(workloads.MAP in p or workloads.LIST in p for p in entry.paths)
     warnings: list[str] = []
     denial: Decision | None = None
     waiting = False
     for where, tpl in found:
         pod = workloads.pod_of(workload, entry, tpl)
-        decision = admit(pod, view, config)  # a template labelled hami.io/webhook: ignore: validation only
+        # a template labelled hami.io/webhook: ignore: validation only
+        decision = mutate_then_validate_pod(pod, view, config)
         prefix = f"{name}: {where}" if named else name
         if decision.reason == "not-ready":
             waiting = True
             continue
         warnings += [f"{prefix}: {w}" for w in decision.warnings]
         if not decision.allowed and denial is None:
-            denial = Decision.deny(f"{prefix}: {decision.message}", decision.reason, decision.code, obj=workload)
+            denial = Decision.deny(f"{prefix}: {decision.message}", decision.reason, decision.code,
+                                   obj=workload)
     if old is not None and list(workloads.templates(old, entry)) == found:
         if denial is None:
             return Decision(object=workload)
@@ -98,6 +104,6 @@ def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: 
         return denial
     if waiting:
         # Controllers retry pod creation, and every pod is checked then; holding up the workload helps nobody.
-        warnings.append(f"{name}: the pod template could not be checked yet (hami-mt-webhook has not read the "
-                        "nodes' sGPU capacities); its pods are checked when they are created")
+        warnings.append(f"{name}: the pod template could not be checked yet (hami-mt-webhook has not read "
+                        "the nodes' sGPU capacities); its pods are checked when they are created")
     return Decision(object=workload, warnings=warnings)

@@ -15,7 +15,8 @@ from ..doctor import checks, fetch
 from ..rules.config import Config
 
 
-def run_doctor(kubeconfig: str | None, config: Config, output: str = "text", pending_minutes: float = 5.0) -> int:
+def run_doctor(kubeconfig: str | None, config: Config, output: str = "text",
+               pending_minutes: float = 5.0) -> int:
     settings = checks.Settings(config=config, pending=dt.timedelta(minutes=pending_minutes))
     # Quiet while it runs: the HTTP client logs its retries and the rules log odd node reports (once per
     # node, for the server's log); doctor says what matters in its own lines instead.

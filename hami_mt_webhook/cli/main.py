@@ -8,43 +8,29 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from .. import __version__
 from ..rules.config import Config
 from . import settings
-from .settings import env as _env
+from .settings import DEFAULT_CERTS, Setting
 
-DEFAULT_CERTS = "certs"
+
+def _flag(group: argparse._ActionsContainer, setting: Setting, default: str | None) -> None:
+    """`setting`'s flag, its help ending with its variable and default; an int or float default makes
+    the flag take one."""
+    extra: dict[str, Any] = {}
+    if isinstance(setting.default, int | float):
+        extra["type"] = type(setting.default)
+    if setting.choices:
+        extra["choices"] = list(setting.choices)
+    group.add_argument(setting.flag, dest=setting.dest, default=default, help=setting.described, **extra)
 
 
 def _config_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("admission rules (flag, else environment variable, else default)")
-    group.add_argument("--scheduler-name", dest="scheduler_name",
-                       help="scheduler written into HAMi pods [HAMI_MT_SCHEDULER_NAME; hami-scheduler]")
-    group.add_argument("--vgpu-resource", dest="vgpu",
-                       help="sliced-card count resource [HAMI_MT_VGPU_RESOURCE; mthreads.com/vgpu]")
-    group.add_argument("--memory-resource", dest="memory",
-                       help="slice memory resource, 512 MiB units [HAMI_MT_MEMORY_RESOURCE; mthreads.com/sgpu-memory]")
-    group.add_argument("--core-resource", dest="core",
-                       help="slice compute resource, 1/16 card [HAMI_MT_CORE_RESOURCE; mthreads.com/sgpu-core]")
-    group.add_argument("--whole-card-resources", dest="whole_card",
-                       help="comma-separated whole-card resources that must not mix with slices "
-                            "[HAMI_MT_WHOLE_CARD_RESOURCES; mthreads.com/gpu]")
-    group.add_argument("--memory-per-card", dest="memory_per_card",
-                       help="comma-separated per-card capacities in 512 MiB units, used only when no node reports "
-                            "(96 = S4000 48 GiB, 160 = S5000 80 GiB) [HAMI_MT_MEMORY_PER_CARD; 96]")
-    group.add_argument("--retired-schedulers", dest="retired_schedulers",
-                       help="comma-separated schedulers that no longer run (the vendor's, once disabled): slice "
-                            "pods naming one get the scheduler name instead, with a warning "
-                            "[HAMI_MT_RETIRED_SCHEDULERS; none]")
-    group.add_argument("--sliced-node-taint", dest="sliced_node_taint",
-                       help="opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
-                            "writes it (key[=value]:effect); slice pods get a toleration for it "
-                            "[HAMI_MT_SLICED_NODE_TAINT; none]")
-    group.add_argument("--enforcement", dest="enforcement", choices=["deny", "warn"],
-                       help="deny, or warn for a gradual rollout: every denial of the rules becomes a warning "
-                            "'would deny: ...', counted in hami_mt_webhook_would_deny_total; a namespace labelled "
-                            "hami.io/enforcement: warn gets warn under deny [HAMI_MT_ENFORCEMENT; deny]")
+    for setting in settings.RULES:
+        _flag(group, setting, None)  # settings.from_values applies the variable and the default
 
 
 def _load_config(args: argparse.Namespace) -> Config:
@@ -56,67 +42,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the admission webhook (needs a cluster: kubeconfig or in-cluster)",
-                           description="Serve the mutating (/mutate-pods) and validating (/validate-pods) pod "
-                                       "webhooks and the workload template check (/validate-workloads) over HTTPS, "
-                                       "with a Node watch for per-card capacities.")
-    serve.add_argument("--listen", default=_env("HAMI_MT_LISTEN", "0.0.0.0"),
-                       help="address for the webhook listener [HAMI_MT_LISTEN; 0.0.0.0]")
-    serve.add_argument("--port", type=int, default=_env("HAMI_MT_PORT", "8443"),
-                       help="HTTPS port for admission reviews [HAMI_MT_PORT; 8443]")
-    serve.add_argument("--cert-file", default=_env("HAMI_MT_CERT_FILE", f"{DEFAULT_CERTS}/tls.crt"),
-                       help="serving certificate, reloaded when it changes [HAMI_MT_CERT_FILE; certs/tls.crt]")
-    serve.add_argument("--key-file", default=_env("HAMI_MT_KEY_FILE", f"{DEFAULT_CERTS}/tls.key"),
-                       help="serving key [HAMI_MT_KEY_FILE; certs/tls.key]")
-    serve.add_argument("--client-ca", default=os.environ.get("HAMI_MT_CLIENT_CA"),
-                       help="if set, require a client certificate signed by this CA (the API server's) "
-                            "[HAMI_MT_CLIENT_CA]")
-    serve.add_argument("--reload-interval", type=float, default=_env("HAMI_MT_RELOAD_INTERVAL", "10"),
-                       help="seconds between checks of the certificate files [HAMI_MT_RELOAD_INTERVAL; 10]")
+    serve = sub.add_parser(
+        "serve", help="run the admission webhook (needs a cluster: kubeconfig or in-cluster)",
+        description="Serve the mutating (/mutate-pods) and validating (/validate-pods) pod webhooks and the "
+                    "workload template check (/validate-workloads) over HTTPS, with a Node watch for "
+                    "per-card capacities.")
     limits = serve.add_argument_group("listener limits (docs/operating.md)")
-    limits.add_argument("--max-connections", type=int, default=_env("HAMI_MT_MAX_CONNECTIONS", "1024"),
-                        help="open connections on the webhook port, TLS handshakes included; at the limit idle ones "
-                             "make room for a new one [HAMI_MT_MAX_CONNECTIONS; 1024]")
-    limits.add_argument("--handshake-timeout", type=float, default=_env("HAMI_MT_HANDSHAKE_TIMEOUT", "5"),
-                        help="seconds from accept to the TLS handshake done [HAMI_MT_HANDSHAKE_TIMEOUT; 5]")
-    limits.add_argument("--idle-timeout", type=float, default=_env("HAMI_MT_IDLE_TIMEOUT", "10"),
-                        help="seconds a connection may wait for its next request [HAMI_MT_IDLE_TIMEOUT; 10]")
-    limits.add_argument("--request-timeout", type=float, default=_env("HAMI_MT_REQUEST_TIMEOUT", "10"),
-                        help="seconds from a request's first byte to all of it, and again for the answer "
-                             "[HAMI_MT_REQUEST_TIMEOUT; 10]")
-    limits.add_argument("--write-timeout", type=float, default=_env("HAMI_MT_WRITE_TIMEOUT", "10"),
-                        help="seconds to write an answer out to a client that does not read it "
-                             "[HAMI_MT_WRITE_TIMEOUT; 10]")
-    serve.add_argument("--health-port", type=int, default=_env("HAMI_MT_HEALTH_PORT", "8080"),
-                       help="HTTP port for /readyz and /livez [HAMI_MT_HEALTH_PORT; 8080]")
-    serve.add_argument("--metrics-port", type=int, default=_env("HAMI_MT_METRICS_PORT", "9090"),
-                       help="HTTP port for Prometheus /metrics [HAMI_MT_METRICS_PORT; 9090]")
-    serve.add_argument("--health-listen", default=_env("HAMI_MT_HEALTH_LISTEN", "0.0.0.0"),
-                       help="address for the probe and metrics listeners [HAMI_MT_HEALTH_LISTEN; 0.0.0.0]")
-    serve.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                       help="kubeconfig for the Node watch [KUBECONFIG; in-cluster service account]")
-    serve.add_argument("--node-watch", default=_env("HAMI_MT_NODE_WATCH", "auto"), choices=["auto", "stream", "list"],
-                       help="how the Node view is filled: a streaming list (WatchList, on by default in "
-                            "Kubernetes 1.32 and from 1.34), paged lists, or auto by server version "
-                            "[HAMI_MT_NODE_WATCH; auto]")
-    serve.add_argument("--node-selector", default=os.environ.get("HAMI_MT_NODE_SELECTOR") or None,
-                       help="label selector for the Node watch, e.g. mthreads.com/gpu-node: only if every sliced "
-                            "node carries it [HAMI_MT_NODE_SELECTOR; all nodes]")
-    serve.add_argument("--log-level", default=_env("HAMI_MT_LOG_LEVEL", "info"),
-                       choices=["debug", "info", "warning", "error"],
-                       help="info logs one line per denial and per mutation [HAMI_MT_LOG_LEVEL; info]")
-    serve.add_argument("--log-format", default=_env("HAMI_MT_LOG_FORMAT", "json"), choices=["json", "plain"],
-                       help="[HAMI_MT_LOG_FORMAT; json]")
+    for setting in settings.SERVE:
+        _flag(limits if setting in settings.LIMITS else serve, setting, setting.read())
     _config_flags(serve)
 
-    rv = sub.add_parser("review", help="check pods and workloads offline, as the API server would with the webhooks",
-                        description="Run the mutating and then the validating rules on pods from files, and on the "
-                                    "pod templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
-                                    "ReplicationControllers, Jobs and CronJobs, and of training jobs (Kubeflow "
-                                    "PyTorchJob and MPIJob, Ray RayJob and RayCluster, LeaderWorkerSet, JobSet, "
-                                    "Volcano Job). Objects of other kinds are listed "
-                                    "as skipped. Exit 0: all judged objects allowed; 1: any denied; 2: bad input "
-                                    "(or, with --strict, a skipped kind).")
+    rv = sub.add_parser(
+        "review", help="check pods and workloads offline, as the API server would with the webhooks",
+        description="Run the mutating and then the validating rules on pods from files, and on the pod "
+                    "templates of Deployments, StatefulSets, DaemonSets, ReplicaSets, "
+                    "ReplicationControllers, Jobs and CronJobs, and of training jobs (Kubeflow PyTorchJob "
+                    "and MPIJob, Ray RayJob and RayCluster, LeaderWorkerSet, JobSet, Volcano Job). Objects "
+                    "of other kinds are listed as skipped. Exit 0: all judged objects allowed; 1: any "
+                    "denied; 2: bad input (or, with --strict, a skipped kind).")
     rv.add_argument("-f", "--filename", action="append", required=True, dest="files",
                     help="YAML or JSON file (several documents allowed; - for stdin); repeatable")
     rv.add_argument("--nodes", action="append", default=[],
@@ -124,34 +67,36 @@ def build_parser() -> argparse.ArgumentParser:
     rv.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per document, one per line")
     rv.add_argument("-v", "--verbose", action="store_true",
-                    help="say, per object, which per-card capacities it was judged against and why: the sliced "
-                         "nodes its nodeSelector and required affinity allow, or the --memory-per-card fallback")
+                    help="say, per object, which per-card capacities it was judged against and why: the "
+                         "sliced nodes its nodeSelector and required affinity allow, or the "
+                         "--memory-per-card fallback")
     rv.add_argument("--strict", action="store_true",
-                    help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error (exit 2) "
-                         "instead of being skipped")
+                    help="an object of a kind review does not judge (ConfigMap, Service, ...) is an error "
+                         "(exit 2) instead of being skipped")
     _config_flags(rv)
 
-    dr = sub.add_parser("doctor", help="check a live cluster, read-only: one line per finding, with what to do",
-                        description="Read the cluster of the kubeconfig (or the pod's service account) and report "
-                                    "what needs action: the vendor's scheduler and webhook still installed, HAMi's "
-                                    "own webhook, pods no scheduler answers, node card reports, this webhook's "
-                                    "registration and certificate, replicas and PodDisruptionBudget, quotas HAMi-"
-                                    "style, and slice pods outside HAMi. Changes nothing. Exit 0: nothing to act "
-                                    "on; 1: findings; 2: doctor cannot run (unreachable, no credentials, no "
-                                    "permission). Give the webhook's own rule settings (docs/day-2.md).")
-    dr.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"),
-                    help="kubeconfig of the cluster [KUBECONFIG; ~/.kube/config, or in-cluster]")
+    dr = sub.add_parser(
+        "doctor", help="check a live cluster, read-only: one line per finding, with what to do",
+        description="Read the cluster of the kubeconfig (or the pod's service account) and report what needs "
+                    "action: the vendor's scheduler and webhook still installed, HAMi's own webhook, pods no "
+                    "scheduler answers, node card reports, this webhook's registration and certificate, "
+                    "replicas and PodDisruptionBudget, quotas HAMi-style, and slice pods outside HAMi. "
+                    "Changes nothing. Exit 0: nothing to act on; 1: findings; 2: doctor cannot run "
+                    "(unreachable, no credentials, no permission). Give the webhook's own rule settings "
+                    "(docs/day-2.md).")
+    _flag(dr, settings.DOCTOR_KUBECONFIG, settings.DOCTOR_KUBECONFIG.read())
     dr.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per finding, one per line")
     dr.add_argument("--pending-minutes", type=float, default=5.0,
-                    help="a pod that no scheduler has tried to place for this long means nothing answers to its "
-                         "scheduler name [5]")
+                    help="a pod that no scheduler has tried to place for this long means nothing answers to "
+                         "its scheduler name [5]")
     _config_flags(dr)
 
     ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
-                        description="Write ca.crt/ca.key, ca-bundle.crt and tls.crt/tls.key into --dir (kept if "
-                                    "present), and the webhook configurations with the CA bundle filled in.")
-    ct.add_argument("--dir", default=DEFAULT_CERTS, help="certificate directory [certs]")
+                        description="Write ca.crt/ca.key, ca-bundle.crt and tls.crt/tls.key into --dir (kept "
+                                    "if present), and the webhook configurations with the CA bundle filled "
+                                    "in.")
+    ct.add_argument("--dir", default=DEFAULT_CERTS, help=f"certificate directory [{DEFAULT_CERTS}]")
     ct.add_argument("--service", default="hami-mt-webhook", help="Service name for the DNS SANs")
     ct.add_argument("--namespace", default="hami-mt-webhook", help="Service namespace for the DNS SANs")
     ct.add_argument("--san", action="append", default=None, metavar="NAME_OR_IP",
@@ -163,10 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="renew the serving certificate if 2/3 of its lifetime has passed")
     ct.add_argument("--force", action="store_true", help="with --rotate: renew now")
     ct.add_argument("--new-ca", action="store_true",
-                    help="with --rotate: start replacing the CA; ca-bundle.crt then holds the new and the old CA "
-                         "(apply it, then --rotate --force, then --rotate --drop-old-ca)")
+                    help="with --rotate: start replacing the CA; ca-bundle.crt then holds the new and the "
+                         "old CA (apply it, then --rotate --force, then --rotate --drop-old-ca)")
     ct.add_argument("--drop-old-ca", action="store_true",
-                    help="with --rotate: ca-bundle.crt holds the current CA only (the last step of a CA change)")
+                    help="with --rotate: ca-bundle.crt holds the current CA only (the last step of a CA "
+                         "change)")
 
     return parser
 
@@ -188,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_doctor(args.kubeconfig, _load_config(args), args.output, args.pending_minutes)
         if args.command == "certs":
             return _certs(args)
-    except BrokenPipeError:  # `review ... | head`: a reader that has read enough is a normal end, not an error
+    except BrokenPipeError:
+        # `review ... | head`: a reader that has read enough is a normal end, not an error
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # nothing left to flush at exit, so nothing more is said
         return 141  # as a shell reports a command ended by SIGPIPE
@@ -209,9 +156,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_level, args.log_format)
     config = _load_config(args)
-    limits = Limits(max_connections=args.max_connections, handshake_timeout=args.handshake_timeout,
-                    idle_timeout=args.idle_timeout, request_timeout=args.request_timeout,
-                    write_timeout=args.write_timeout)
+    limits = Limits(**{setting.dest: getattr(args, setting.dest) for setting in settings.LIMITS})
     for path in (args.cert_file, args.key_file):
         if not Path(path).is_file():
             raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")

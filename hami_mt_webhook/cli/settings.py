@@ -1,35 +1,157 @@
 """One settings reader: every flag's environment variable and default, and the parsing of list values.
 
-Flags win over environment variables, which win over defaults. The rules see only the resulting
-:class:`~hami_mt_webhook.rules.config.Config`.
+Flags win over environment variables, which win over defaults. Each setting is a `Setting`, named once:
+the parser's flags, their defaults, the end of their help (`[HAMI_MT_PORT; 8443]`) and the check of
+README's Configuration table all derive from these tables. A default lives where its value is used:
+the rules' in :class:`~hami_mt_webhook.rules.config.Config`, the listener's in
+:class:`~hami_mt_webhook.service.connections.Limits`, the rest of `serve`'s here. The rules see only the
+resulting `Config`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from ..rules.config import Config
+from ..rules.config import ENFORCEMENTS, Config
+from ..service.connections import DEFAULT_LIMITS
+
+#: Where `certs` writes, and so where `serve` looks by default.
+DEFAULT_CERTS = "certs"
 
 
-def env(name: str, default: str) -> str:
-    """A serve setting's default: its environment variable when set and not empty, else `default`."""
-    return os.environ.get(name) or default
+@dataclass(frozen=True)
+class Setting:
+    """A flag, the environment variable that stands in for it, and the default when neither is given:
+    written once here, so that --help, the parser and README's table cannot disagree."""
+
+    flag: str
+    default: object  # None: unset; an int or a float makes the flag take one
+    help: str
+    env: str = ""  # HAMI_MT_ and the flag's name, unless named
+    dest: str = ""  # the flag's name with underscores, unless named (a Config field for the rules)
+    unset: str = ""  # how --help words an unset default; "" names the variable alone
+    choices: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        name = self.flag.removeprefix("--")
+        if not self.env:
+            object.__setattr__(self, "env", "HAMI_MT_" + name.upper().replace("-", "_"))
+        if not self.dest:
+            object.__setattr__(self, "dest", name.replace("-", "_"))
+
+    @property
+    def shown(self) -> str:
+        """The default as --help and README's table write it: `10` for 10.0, `a,b` for a tuple."""
+        return written(self.default) or self.unset
+
+    @property
+    def described(self) -> str:
+        """The flag's help, ending with its variable and default."""
+        shown = self.shown
+        tag = f"[{self.env}; {shown}]" if shown else f"[{self.env}]"
+        return f"{self.help} {tag}" if self.help else tag
+
+    def read(self) -> str | None:
+        """The flag's default for the parser: the variable when set and not empty, else the default."""
+        return os.environ.get(self.env) or written(self.default) or None
 
 
-#: Environment variables read by :func:`from_env`, with the Config field each one sets.
-ENV = {
-    "HAMI_MT_SCHEDULER_NAME": "scheduler_name",
-    "HAMI_MT_VGPU_RESOURCE": "vgpu",
-    "HAMI_MT_MEMORY_RESOURCE": "memory",
-    "HAMI_MT_CORE_RESOURCE": "core",
-    "HAMI_MT_WHOLE_CARD_RESOURCES": "whole_card",
-    "HAMI_MT_MEMORY_PER_CARD": "memory_per_card",
-    "HAMI_MT_RETIRED_SCHEDULERS": "retired_schedulers",
-    "HAMI_MT_SLICED_NODE_TAINT": "sliced_node_taint",
-    "HAMI_MT_ENFORCEMENT": "enforcement",
-}
+def written(value: object) -> str:
+    """A default as a user would type it; "" for none."""
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ",".join(written(v) for v in value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+_CONFIG = Config()
+
+
+def _rule(flag: str, dest: str, text: str, choices: tuple[str, ...] | None = None) -> Setting:
+    """A rule setting: its default is `Config`'s, and `from_values` applies it, not the parser."""
+    return Setting(flag, getattr(_CONFIG, dest), text, dest=dest, unset="none", choices=choices)
+
+
+#: The admission rules' settings, taken by serve, review and doctor.
+RULES = (
+    _rule("--scheduler-name", "scheduler_name", "scheduler written into HAMi pods"),
+    _rule("--vgpu-resource", "vgpu", "sliced-card count resource"),
+    _rule("--memory-resource", "memory", "slice memory resource, 512 MiB units"),
+    _rule("--core-resource", "core", "slice compute resource, 1/16 card"),
+    _rule("--whole-card-resources", "whole_card",
+          "comma-separated whole-card resources that must not mix with slices"),
+    _rule("--memory-per-card", "memory_per_card",
+          "comma-separated per-card capacities in 512 MiB units, used only when no node reports "
+          "(96 = S4000 48 GiB, 160 = S5000 80 GiB)"),
+    _rule("--retired-schedulers", "retired_schedulers",
+          "comma-separated schedulers that no longer run (the vendor's, once disabled): slice "
+          "pods naming one get the scheduler name instead, with a warning"),
+    _rule("--sliced-node-taint", "sliced_node_taint",
+          "opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
+          "writes it (key[=value]:effect); slice pods get a toleration for it"),
+    _rule("--enforcement", "enforcement",
+          "deny, or warn for a gradual rollout: every denial of the rules becomes a warning "
+          "'would deny: ...', counted in hami_mt_webhook_would_deny_total; a namespace labelled "
+          "hami.io/enforcement: warn gets warn under deny", choices=ENFORCEMENTS),
+)
+
+#: Environment variables read by :func:`from_values`, with the Config field each one sets.
+ENV = {s.env: s.dest for s in RULES}
+
+
+def _limit(field: str, text: str) -> Setting:
+    """A listener limit: `--max-connections` sets `Limits.max_connections`, whose default it shows."""
+    return Setting("--" + field.replace("_", "-"), getattr(DEFAULT_LIMITS, field), text)
+
+
+#: The listener limits `serve` takes, each a field of `Limits` (docs/operating.md).
+LIMITS = (
+    _limit("max_connections", "open connections on the webhook port, TLS handshakes included; at the limit "
+                              "idle ones make room for a new one"),
+    _limit("handshake_timeout", "seconds from accept to the TLS handshake done"),
+    _limit("idle_timeout", "seconds a connection may wait for its next request"),
+    _limit("request_timeout", "seconds from a request's first byte to all of it, and again for the answer"),
+    _limit("write_timeout", "seconds to write an answer out to a client that does not read it"),
+)
+
+KUBECONFIG = Setting("--kubeconfig", None, "kubeconfig for the Node watch", env="KUBECONFIG",
+                     unset="in-cluster service account")
+
+#: `serve`'s own settings, in the order of its usage line; the listener limits are their own group in --help.
+SERVE = (
+    Setting("--listen", "0.0.0.0", "address for the webhook listener"),
+    Setting("--port", 8443, "HTTPS port for admission reviews"),
+    Setting("--cert-file", f"{DEFAULT_CERTS}/tls.crt", "serving certificate, reloaded when it changes"),
+    Setting("--key-file", f"{DEFAULT_CERTS}/tls.key", "serving key"),
+    Setting("--client-ca", None, "if set, require a client certificate signed by this CA (the API server's)"),
+    Setting("--reload-interval", 10.0, "seconds between checks of the certificate files"),
+    *LIMITS,
+    Setting("--health-port", 8080, "HTTP port for /readyz and /livez"),
+    Setting("--metrics-port", 9090, "HTTP port for Prometheus /metrics"),
+    Setting("--health-listen", "0.0.0.0", "address for the probe and metrics listeners"),
+    KUBECONFIG,
+    Setting("--node-watch", "auto",
+            "how the Node view is filled: a streaming list (WatchList, on by default in "
+            "Kubernetes 1.32 and from 1.34), paged lists, or auto by server version",
+            choices=("auto", "stream", "list")),
+    Setting("--node-selector", None,
+            "label selector for the Node watch, e.g. mthreads.com/gpu-node: only if every sliced "
+            "node carries it", unset="all nodes"),
+    Setting("--log-level", "info", "info logs one line per denial and per mutation",
+            choices=("debug", "info", "warning", "error")),
+    Setting("--log-format", "json", "", choices=("json", "plain")),
+)
+
+#: `doctor`'s kubeconfig: the same variable, with the fallbacks kubectl has.
+DOCTOR_KUBECONFIG = dataclasses.replace(KUBECONFIG, help="kubeconfig of the cluster",
+                                        unset="~/.kube/config, or in-cluster")
 
 
 def parse_list(text: str) -> tuple[str, ...]:
@@ -43,11 +165,13 @@ def parse_capacities(text: str, source: str = "--memory-per-card") -> tuple[int,
     try:
         values = tuple(int(part) for part in parse_list(text))
     except ValueError:
-        raise ValueError(f"{source} must be whole numbers of 512 MiB units, e.g. 96,160; got {text[:64]!r}") from None
+        raise ValueError(f"{source} must be whole numbers of 512 MiB units, e.g. 96,160; "
+                         f"got {text[:64]!r}") from None
     if not values:
         raise ValueError(f"{source} must list at least one capacity, e.g. 96; got {text[:64]!r}")
     if any(v < 2 for v in values):
-        raise ValueError(f"{source} must list capacities of at least 2 units (1 GiB), e.g. 96,160; got {text[:64]!r}")
+        raise ValueError(f"{source} must list capacities of at least 2 units (1 GiB), e.g. 96,160; "
+                         f"got {text[:64]!r}")
     return values
 
 
@@ -63,7 +187,8 @@ def parse_taint(text: str) -> tuple[str, str, str] | None:
     key, _, value = spec.partition("=")
     if not key or effect not in TAINT_EFFECTS or any(c.isspace() for c in text):
         raise ValueError(f"the sliced-node taint must read key[=value]:effect with effect one of "
-                         f"{', '.join(TAINT_EFFECTS)}, e.g. example.com/sliced=true:NoSchedule; got {text[:64]!r}")
+                         f"{', '.join(TAINT_EFFECTS)}, e.g. example.com/sliced=true:NoSchedule; "
+                         f"got {text[:64]!r}")
     return key, value, effect
 
 
@@ -72,11 +197,12 @@ def from_values(values: Mapping[str, object], environ: Mapping[str, str] | None 
     environ = os.environ if environ is None else environ
     merged: dict[str, str] = {}
     source: dict[str, str] = {}  # where each value was written: the flag or the variable, for messages
-    for env, name in ENV.items():
+    for setting in RULES:
+        name = setting.dest
         if values.get(name) is not None:
-            merged[name], source[name] = str(values[name]), "--" + name.replace("_", "-")
-        elif environ.get(env):
-            merged[name], source[name] = environ[env], env
+            merged[name], source[name] = str(values[name]), setting.flag
+        elif environ.get(setting.env):
+            merged[name], source[name] = environ[setting.env], setting.env
     kwargs: dict[str, Any] = {}
     for name, text in merged.items():
         if name in ("whole_card", "retired_schedulers"):

@@ -34,7 +34,7 @@ def register(registry: kopf.OperatorRegistry, state: State) -> None:
 
 
 async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
-              metrics_port: int | None, node_watch: str = "auto", node_selector: str | None = None) -> None:
+              metrics_port: int | None, node_watch: str, node_selector: str | None) -> None:
     """Run kopf (login, webhook server, signals) with the node and quota watches and the probe and metrics
     listeners."""
     gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
@@ -46,12 +46,13 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     settings.posting.enabled = False
     settings.scanning.disabled = True
     settings.peering.standalone = True
-    feed = NodeFeed(state.view, state.config, state.metrics)
-    watch = nodewatch.NodeWatch(feed, lambda: nodewatch.login(settings), mode=node_watch,
-                                label_selector=node_selector)
-    watcher = asyncio.create_task(_keep_watching(watch), name="node watch")
-    quotas = quotawatch.quota_watch(state.quotas, state.config, lambda: nodewatch.login(settings),
-                                    mode=node_watch)
+    def login() -> kopf.ConnectionInfo | None:
+        return nodewatch.login(settings)
+
+    nodes = nodewatch.node_watch(NodeFeed(state.view, state.config, state.metrics), login, node_watch,
+                                 node_selector)
+    watcher = asyncio.create_task(_keep_watching(nodes), name="node watch")
+    quotas = quotawatch.quota_watch(state.quotas, state.config, login, node_watch)
     quota_watcher = asyncio.create_task(_keep_watching(quotas), name="quota watch")
     runners = []
     try:
@@ -69,8 +70,9 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
             await runner.cleanup()
 
 
-async def _keep_watching(watch: nodewatch.NodeWatch) -> None:
-    """The watch retries API errors itself; this restarts it after anything else, so the view never freezes."""
+async def _keep_watching(watch: nodewatch.Watch) -> None:
+    """The watch retries API errors itself; this restarts it after anything else, so the view never
+    freezes."""
     while True:
         try:
             await watch.run()

@@ -94,7 +94,8 @@ def issue(ca: KeyPair, cn: str, *, dns: Iterable[str] = (), ips: Iterable[str] =
                                      key_agreement=False, encipher_only=False, decipher_only=False),
                        critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
+                       critical=False)
     )
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ips]
@@ -208,7 +209,8 @@ def due(cert: x509.Certificate, now: dt.datetime | None = None) -> bool:
 
 def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
            extra_dns: Iterable[str] | None = None, days: float = SERVING_DAYS, force: bool = False,
-           new_authority: bool = False, drop_old: bool = False, ips: Iterable[str] | None = None) -> list[str]:
+           new_authority: bool = False, drop_old: bool = False,
+           ips: Iterable[str] | None = None) -> list[str]:
     """Renew what is due; return what was done, one line each.
 
     Replacing the CA takes three steps, so the API server always trusts the certificate served:
@@ -232,10 +234,12 @@ def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "ha
         write_pair(ca, layout.ca_cert, layout.ca_key)
         write_atomic(layout.bundle, ca.cert_pem() + old_pem)
         done.append(f"new CA; {layout.bundle.name} holds the new and the old CA: apply it to the webhook "
-                    "configurations, then run `certs --rotate --force` to serve a certificate from the new CA")
+                    "configurations, then run `certs --rotate --force` to serve a certificate from the "
+                    "new CA")
     elif force or due(x509.load_pem_x509_certificate(layout.tls_cert.read_bytes())):
         pair = _serve(layout, ca, service, namespace, extra_dns, days, ips)
-        done.append(f"new serving certificate, valid until {pair.cert.not_valid_after_utc:%Y-%m-%d %H:%M} UTC")
+        until = pair.cert.not_valid_after_utc
+        done.append(f"new serving certificate, valid until {until:%Y-%m-%d %H:%M} UTC")
     if drop_old:
         write_atomic(layout.bundle, ca.cert_pem())
         done.append(f"{layout.bundle.name} holds the current CA only: apply it to the webhook configurations")

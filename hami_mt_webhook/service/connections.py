@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 from .http11 import CONTINUE, MAX_HEAD, Answer, BadRequest, Head, answer, error_answer, parse_head
 
+__all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Phase", "Responder"]
+
 logger = logging.getLogger("hami_mt_webhook")
 
 #: Bytes asked of OpenSSL per read: a whole AdmissionReview of a usual pod in one call.
@@ -49,9 +51,14 @@ class Limits:
         for name in ("handshake_timeout", "idle_timeout", "request_timeout", "write_timeout", "close_grace"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"listener limit {name} must be a positive number of seconds")
-        if min(self.max_connections, self.max_handshakes, self.max_body, self.big_body, self.big_concurrency) < 1:
-            raise ValueError("listener limits max_connections, max_handshakes, max_body, big_body, big_concurrency "
-                             "must be positive")
+        if min(self.max_connections, self.max_handshakes, self.max_body, self.big_body,
+               self.big_concurrency) < 1:
+            raise ValueError("listener limits max_connections, max_handshakes, max_body, big_body, "
+                             "big_concurrency must be positive")
+
+
+#: The limits `serve` applies unless told otherwise (its --help shows these).
+DEFAULT_LIMITS = Limits()
 
 
 class Phase(enum.Enum):
@@ -156,7 +163,8 @@ class Conn:
             return
         self.host.handshaking(self)  # may make room by closing an older handshake
         try:
-            self.tls = self.host.context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
+            self.tls = self.host.context.wrap_socket(self.sock, server_side=True,
+                                                     do_handshake_on_connect=False)
         except (OSError, ValueError):  # the peer is already gone
             self.abort()
             return
@@ -238,7 +246,8 @@ class Conn:
             return
         body = bytes(self.buf[:head.length])
         del self.buf[:head.length]
-        if self.body is not None:  # the large-body task waits for it: nothing more is read until it is answered
+        # The large-body task waits for it: nothing more is read until it is answered.
+        if self.body is not None:
             self._watch(None)
             self.body.set_result(body)
             return

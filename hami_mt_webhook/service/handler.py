@@ -45,12 +45,13 @@ class ReviewHandler:
         if refused is not None:
             return refused
         state = self.state
+        routed = review.route(head.webhook, state.config)
         try:
-            reply = review.handle(body, head.webhook, state.view, state.config, state.quotas)
+            reply = review.handle_routed(body, routed, state.view, state.quotas)
         except Exception:  # a bug in the rules must still give the API server an answer, not a 500 trace
             logger.exception("review on /%s failed", head.webhook)
             reply = FAILED
-        return self._done(head.webhook, reply, started)
+        return self._done(head.webhook, routed, reply, started)
 
     async def answer_big(self, head: Head, body: bytes) -> Answer:
         """A large review (`Limits.big_body`): decoding a few MiB of JSON takes tens of milliseconds, and on
@@ -60,41 +61,40 @@ class ReviewHandler:
         if refused is not None:
             return refused
         state, webhook = self.state, head.webhook
+        routed = review.route(webhook, state.config)
+        _, handler, _ = routed
         try:
-            if review.route(webhook, state.config)[0] not in review.WEBHOOKS:
-                reply = review.handle_parsed({}, webhook, state.view, state.config, state.quotas)
+            if handler is None:
+                reply = review.handle_parsed({}, routed, state.view, state.quotas)
             else:
                 try:
-                    parsed = await asyncio.get_running_loop().run_in_executor(self._decoder, review.parse, body)
+                    loop = asyncio.get_running_loop()
+                    parsed = await loop.run_in_executor(self._decoder, review.parse, body)
                 except review.BadReview as err:
                     reply = review.Reply(400, orjson.dumps({"error": str(err)}))
                 else:
-                    reply = review.handle_parsed(parsed, webhook, state.view, state.config, state.quotas)
+                    reply = review.handle_parsed(parsed, routed, state.view, state.quotas)
         except Exception:
             logger.exception("review on /%s failed", webhook)
             reply = FAILED
-        return self._done(webhook, reply, started)
+        return self._done(webhook, routed, reply, started)
 
     def refused(self, head: Head, status: int) -> None:
         """A request the connection refused before its body was read (413: over `Limits.max_body`)."""
-        self.state.metrics.bad_requests.labels(self._label(head.webhook)).inc()
+        self.state.metrics.bad_requests.labels(_label(review.route(head.webhook, self.state.config))).inc()
 
     def _refuse_encoding(self, head: Head) -> Answer | None:
         """A compressed review is refused whole (SPEC.md §6), and the connection closed."""
         if head.encoding in ("", "identity"):
             return None
         self.refused(head, 415)
-        return Answer(415, orjson.dumps(
-            {"error": f"Content-Encoding {quote(head.encoding)} is not supported; send the review uncompressed"}),
-            close=True)
+        message = f"Content-Encoding {quote(head.encoding)} is not supported; send the review uncompressed"
+        return Answer(415, orjson.dumps({"error": message}), close=True)
 
-    def _label(self, webhook: str) -> str:
-        base = review.route(webhook, self.state.config)[0]
-        return base if base in review.WEBHOOKS else "unknown"  # a label per random path would never end
-
-    def _done(self, webhook: str, reply: review.Reply, started: float) -> Answer:
+    def _done(self, webhook: str, routed: review.Route, reply: review.Reply, started: float) -> Answer:
         """Count the review, log its decision, and hand back the answer."""
-        self.state.metrics.review(self._label(webhook), reply.request, reply.decision, time.perf_counter() - started)
+        elapsed = time.perf_counter() - started
+        self.state.metrics.review(_label(routed), reply.request, reply.decision, elapsed)
         decision = reply.decision
         if decision is not None and (decision.changes or not decision.allowed or decision.would_deny) \
                 and logger.isEnabledFor(logging.INFO):
@@ -109,6 +109,12 @@ class ReviewHandler:
 FAILED = review.Reply(400, b'{"error":"the review could not be evaluated"}')
 
 
+def _label(routed: review.Route) -> str:
+    """A review's metrics label: its handler id, or `unknown` (a label per random path would never end)."""
+    webhook, handler, _ = routed
+    return webhook if handler is not None else "unknown"
+
+
 def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> None:
     """One structured line per denial and per mutation; allowed no-ops stay silent."""
     obj = _mapping(request.get("object"))
@@ -116,7 +122,8 @@ def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> N
     kind = request.get("kind")
     extra = {"webhook": webhook, "namespace": _clipped(request.get("namespace") or meta.get("namespace")),
              "kind": _clipped(kind.get("kind")) if isinstance(kind, dict) else None,
-             "object": _clipped(meta.get("name") or meta.get("generateName")), "uid": _clipped(request.get("uid")),
+             "object": _clipped(meta.get("name") or meta.get("generateName")),
+             "uid": _clipped(request.get("uid")),
              "dry_run": bool(request.get("dryRun"))}
     if not decision.allowed:
         logs.decision(logger, f"denied: {decision.message}", {**extra, "reason": decision.reason})
@@ -125,7 +132,8 @@ def log_decision(webhook: str, request: dict[str, Any], decision: Decision) -> N
         shown = [w for w in decision.warnings if w.startswith(enforcement.WOULD_DENY)]
         logs.decision(logger, "; ".join(shown), {**extra, "reason": ",".join(decision.would_deny)})
     if decision.changes:
-        logs.decision(logger, f"mutated: {', '.join(decision.mutations)}", {**extra, "warnings": decision.warnings})
+        logs.decision(logger, f"mutated: {', '.join(decision.mutations)}",
+                      {**extra, "warnings": decision.warnings})
 
 
 def _mapping(value: Any) -> dict[str, Any]:

@@ -89,8 +89,9 @@ def parse_head(head: bytes) -> Head:
         raise BadRequest(411 if raw is None else 400)
     connection = found.get(b"connection", b"")
     keep_alive = b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
-    return Head(webhook=webhook, length=int(raw), encoding=found.get(b"content-encoding", b"").decode("latin-1"),
-                keep_alive=keep_alive, expects_continue=found.get(b"expect") == b"100-continue")
+    return Head(webhook=webhook, length=int(raw),
+                encoding=found.get(b"content-encoding", b"").decode("latin-1"), keep_alive=keep_alive,
+                expects_continue=found.get(b"expect") == b"100-continue")
 
 
 #: The headers the server reads, found in one pass over the lower-cased head; values without blanks around.
@@ -126,7 +127,8 @@ def answer(status: int, body: bytes, *, close: bool, content_type: bytes = b"app
 
 
 def error_answer(status: int) -> bytes:
-    """The fixed answer to a request that cannot be served: status and phrase only, and the connection closes."""
+    """The fixed answer to a request that cannot be served: status and phrase only, and the connection
+    closes."""
     phrase = _phrase(status)
     extra = b"Allow: POST\r\n" if status == 405 else b""
     body = f"{status} {phrase}\n".encode()

@@ -53,7 +53,8 @@ logger = logging.getLogger("hami_mt_webhook")
 #: How long past its idle deadline a kept-alive connection with unread bytes is left to be read.
 REQUEST_WAITING_GRACE = 1.0
 
-#: Connections open at once that make a burst worth trimming the heap after (kube-apiserver keeps a few dozen).
+#: Connections open at once that make a burst worth trimming the heap after (kube-apiserver keeps a few
+#: dozen).
 TRIM_AFTER = 256
 
 
@@ -71,7 +72,8 @@ class Listener:
 
     def __init__(self, responder: Responder, host: str, port: int, context: ssl.SSLContext,
                  limits: Limits, on_close: Callable[[str], None] | None = None) -> None:
-        self.responder, self.host, self.port, self.context, self.limits = responder, host, port, context, limits
+        self.responder, self.host, self.port = responder, host, port
+        self.context, self.limits = context, limits
         self.loop = asyncio.get_running_loop()
         self.sock: socket.socket | None = None  # the listening socket
         self.draining = False
@@ -200,7 +202,7 @@ class Listener:
         interval = max(0.02, min(0.5, min(self._timeouts.values()) / 5))
         while True:
             await asyncio.sleep(interval)
-            self._expire(self.loop.time())
+            self.close_expired(self.loop.time())
             self._give_back()
 
     def _give_back(self) -> None:
@@ -211,7 +213,7 @@ class Listener:
             self._high = self._count
             trim_heap()
 
-    def _expire(self, now: float) -> None:
+    def close_expired(self, now: float) -> None:
         """Close connections past their phase's deadline; each phase's connections are in order of entry.
 
         A kept-alive connection whose next request already waits in its socket is left for the read

@@ -57,7 +57,8 @@ class BatchedStreamHandler(logging.StreamHandler[TextIO]):
     def emit(self, record: logging.LogRecord) -> None:
         try:
             line = self.format(record) + self.terminator
-            with self.lock:  # type: ignore[union-attr]  # created in Handler.__init__ (createLock); typeshed allows None
+            # The lock is created in Handler.__init__ (createLock); typeshed allows None.
+            with self.lock:  # type: ignore[union-attr]
                 self.stream.write(line)
                 self._dirty = True
             if record.levelno >= logging.ERROR:
@@ -68,7 +69,8 @@ class BatchedStreamHandler(logging.StreamHandler[TextIO]):
             self.handleError(record)
 
     def flush(self) -> None:
-        with self.lock:  # type: ignore[union-attr]  # created in Handler.__init__ (createLock); typeshed allows None
+        # The lock is created in Handler.__init__ (createLock); typeshed allows None.
+        with self.lock:  # type: ignore[union-attr]
             self._dirty = False
             if self.stream and hasattr(self.stream, "flush"):
                 self.stream.flush()
@@ -101,7 +103,8 @@ def _stamp(created: float) -> str:
     return f"{_STAMP[1]},{int((created - second) * 1000):03d}"
 
 
-#: The handler `setup` installed with the JSON format; `decision` writes to it directly while it is the only one.
+#: The handler `setup` installed with the JSON format; `decision` writes to it directly while it is the
+#: only one.
 _JSON: BatchedStreamHandler | None = None
 
 
@@ -112,8 +115,8 @@ def decision(logger: logging.Logger, message: str, fields: dict[str, Any]) -> No
     if handler is None or logging.root.handlers != [handler] or logger.handlers or not logger.propagate:
         logger.info("%s", message, extra=fields)
         return
-    line = orjson.dumps({"time": _stamp(time.time()), "level": "INFO", "logger": logger.name, "message": message,
-                         **{k: v for k, v in fields.items() if k in FIELDS}}, default=str)
+    line = orjson.dumps({"time": _stamp(time.time()), "level": "INFO", "logger": logger.name,
+                         "message": message, **{k: v for k, v in fields.items() if k in FIELDS}}, default=str)
     with handler.lock:  # type: ignore[union-attr]  # created in Handler.__init__ (createLock)
         handler.stream.write(line.decode() + handler.terminator)
         handler._dirty = True

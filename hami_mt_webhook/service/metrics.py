@@ -27,8 +27,8 @@ class Metrics:
         r = self.registry
         self.answered = ReviewCounts()  # the series every review updates: counted without a lock each
         r.register(self.answered)
-        self.bad_requests = Counter("hami_mt_webhook_bad_requests", "Bodies that were not answerable reviews.",
-                                    ["webhook"], registry=r)
+        self.bad_requests = Counter("hami_mt_webhook_bad_requests",
+                                    "Bodies that were not answerable reviews.", ["webhook"], registry=r)
         self.nodes = Gauge("hami_mt_webhook_sliced_nodes", "Sliced nodes in the node view.", registry=r)
         self.last_node_event = Gauge("hami_mt_webhook_last_node_event_timestamp_seconds",
                                      "Unix time of the last node event applied to the index.", registry=r)
@@ -37,13 +37,14 @@ class Metrics:
                                  "Unix time at which the serving certificate expires.", registry=r)
         self.cert_reloads = Counter("hami_mt_webhook_certificate_reloads",
                                     "Serving certificates loaded after a change.", ["result"], registry=r)
-        self.watch_up = Gauge("hami_mt_webhook_node_watch_up", "1 while the Node watch is connected.", registry=r)
+        self.watch_up = Gauge("hami_mt_webhook_node_watch_up", "1 while the Node watch is connected.",
+                              registry=r)
         self.view_age = Gauge("hami_mt_webhook_node_view_age_seconds",
-                              "Seconds the node view may be behind the API server: 0 while the watch is up and "
-                              "synced, else the time since it last was.", registry=r)
+                              "Seconds the node view may be behind the API server: 0 while the watch is up "
+                              "and synced, else the time since it last was.", registry=r)
         self.node_work = Histogram("hami_mt_webhook_node_work_seconds",
-                                   "Time the event loop spent on one batch of node events without yielding: the "
-                                   "longest a review can wait behind the node view.", registry=r,
+                                   "Time the event loop spent on one batch of node events without yielding: "
+                                   "the longest a review can wait behind the node view.", registry=r,
                                    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
         self.relists = Counter("hami_mt_webhook_node_relists",
                                "Complete node sets built from the API server (the first sync included).",
@@ -51,11 +52,12 @@ class Metrics:
         self.connections = Gauge("hami_mt_webhook_connections",
                                  "Open connections on the webhook port, TLS handshakes included.", registry=r)
         self.connections_closed = Counter("hami_mt_webhook_connections_closed",
-                                          "Connections the listener closed: refused, shed to make room for a new "
-                                          "one, or past a deadline; by reason and phase.", ["reason"], registry=r)
+                                          "Connections the listener closed: refused, shed to make room for a "
+                                          "new one, or past a deadline; by reason and phase.", ["reason"],
+                                          registry=r)
         self.nonstandard = Gauge("hami_mt_webhook_nonstandard_capacity_nodes",
-                                 "Sliced nodes whose per-card sgpu-memory is not a known card size (96, 160 or a "
-                                 "memoryPerCard value): overcommitted memory, usually.", registry=r)
+                                 "Sliced nodes whose per-card sgpu-memory is not a known card size (96, 160 "
+                                 "or a memoryPerCard value): overcommitted memory, usually.", registry=r)
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""
@@ -65,7 +67,8 @@ class Metrics:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    def review(self, webhook: str, request: dict[str, Any] | None, decision: Decision | None, seconds: float) -> None:
+    def review(self, webhook: str, request: dict[str, Any] | None, decision: Decision | None,
+               seconds: float) -> None:
         if decision is None:
             self._child(self.bad_requests, webhook).inc()
             return
@@ -102,7 +105,8 @@ class ReviewCounts(Collector):
         self.denials: dict[tuple[str, str], int] = {}
         self.would_deny: dict[str, int] = {}
 
-    def count(self, webhook: str, operation: str, dry: str, result: str, seconds: float, decision: Decision) -> None:
+    def count(self, webhook: str, operation: str, dry: str, result: str, seconds: float,
+              decision: Decision) -> None:
         key = (webhook, operation, dry, result)
         self.reviews[key] = self.reviews.get(key, 0) + 1
         slots = self.durations.get(webhook)
@@ -137,9 +141,9 @@ class ReviewCounts(Collector):
         for name, help_text, label_names, counts in (
                 ("hami_mt_webhook_mutations", "Changes made to pods, by kind.", ["kind"], self.mutations),
                 ("hami_mt_webhook_denials", "Pods denied, by reason.", ["webhook", "reason"], self.denials),
-                ("hami_mt_webhook_would_deny", "Denials answered as warnings under --enforcement warn or a namespace "
-                 "labelled hami.io/enforcement: warn, by the rule that would have denied.", ["rule"],
-                 self.would_deny)):
+                ("hami_mt_webhook_would_deny", "Denials answered as warnings under --enforcement warn or a "
+                 "namespace labelled hami.io/enforcement: warn, by the rule that would have denied.",
+                 ["rule"], self.would_deny)):
             family = CounterMetricFamily(name, help_text, labels=label_names)
             for key, n in counts.items():
                 family.add_metric(list(key) if isinstance(key, tuple) else [key], n)

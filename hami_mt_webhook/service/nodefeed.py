@@ -66,7 +66,7 @@ class Feed:
     """The pure part of a watch: events in, a view (and its readiness) kept up to date.
 
     It holds the resourceVersion to resume from, and a `Build` while a complete set is arriving.
-    Subclasses say what one object does to their view (`node`) and how a complete set replaces it.
+    Subclasses say what one object does to their view (`apply`) and how a complete set replaces it.
     """
 
     resource_version: str | None = None
@@ -77,8 +77,8 @@ class Feed:
     def start_build(self) -> None:
         raise NotImplementedError
 
-    def node(self, kind: str, obj: dict[str, Any]) -> None:
-        """Apply one object (named `node` for the Node watch, whose objects it was written for)."""
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """Apply one object of an ADDED, MODIFIED or DELETED event, or of a list page."""
         raise NotImplementedError
 
     def finish_build(self, resource_version: str | None) -> None:
@@ -108,7 +108,7 @@ class Feed:
             return
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             return
-        self.node(kind, obj)
+        self.apply(kind, obj)
         if self.build is None and rv:
             self.resource_version = rv
 
@@ -130,7 +130,7 @@ class NodeFeed(Feed):
         logger.info("node view: reading the complete node set (%s)", "first sync" if not self.view.ready
                     else f"rebuild; {len(self.view)} sliced nodes keep answering meanwhile")
 
-    def node(self, kind: str, obj: dict[str, Any]) -> None:
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
         """Apply one Node object: into the build while one is arriving, else straight into the view."""
         name = str((obj.get("metadata") or {}).get("name") or "")
         node = report(obj, self.config) if kind != "DELETED" else None

@@ -73,14 +73,15 @@ MODES = ("auto", "stream", "list")
 Login = Callable[[], kopf.ConnectionInfo | None]
 
 
-class NodeWatch:
-    """Keeps a `Feed` connected to the API server until cancelled: Nodes, or what `path` lists."""
+class Watch:
+    """Keeps a `Feed` connected to the API server until cancelled: the objects `path` lists (`node_watch`,
+    `quotawatch.quota_watch`), named `what` in logs."""
 
-    def __init__(self, feed: Feed, login: Login, *, mode: str = "auto", label_selector: str | None = None,
-                 watch_seconds: int = 300, path: str = NODES, what: str = "node watch",
+    def __init__(self, feed: Feed, login: Login, *, path: str, what: str, mode: str,
+                 label_selector: str | None = None, watch_seconds: int = 300,
                  rest: float = REST_SECONDS) -> None:
         if mode not in MODES:
-            raise ValueError(f"node watch mode must be one of {', '.join(MODES)}, got {mode!r}")
+            raise ValueError(f"{what} mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.feed, self.login, self.mode = feed, login, mode
         self.path, self.what = path, what
         self.label_selector = label_selector
@@ -113,7 +114,8 @@ class NodeWatch:
                         self.mode = await _choose_mode(session, info.server, self.what)
                     while True:
                         await self._once(session, info.server)
-                        delay, self.failures = BACKOFF_START, 0  # a watch that ended cleanly: reconnect at once
+                        # A watch that ended cleanly: reconnect at once.
+                        delay, self.failures = BACKOFF_START, 0
             except asyncio.CancelledError:
                 raise
             except Expired as err:
@@ -184,13 +186,18 @@ class NodeWatch:
                 await _check(resp)
                 page = orjson.loads(await resp.read())
             for obj in page.get("items") or ():
-                self.feed.node("ADDED", obj)
+                self.feed.apply("ADDED", obj)
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 self.feed.finish_build(meta.get("resourceVersion"))
                 return
             params["continue"] = meta["continue"]
             await asyncio.sleep(0)
+
+
+def node_watch(feed: Feed, login: Login, mode: str, label_selector: str | None = None) -> Watch:
+    """The node view's watch: Nodes (those `label_selector` picks) into `feed`."""
+    return Watch(feed, login, path=NODES, what="node watch", mode=mode, label_selector=label_selector)
 
 
 async def _check(resp: aiohttp.ClientResponse) -> None:
@@ -209,7 +216,8 @@ def mode_for(major: int, minor: int) -> str:
 
 
 async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = "node watch") -> str:
-    """`mode_for` the API server's version; an unreadable version streams, with paged lists as the fallback."""
+    """`mode_for` the API server's version; an unreadable version streams, with paged lists as the
+    fallback."""
     async with session.get(server + "/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
         await _check(resp)
         version = orjson.loads(await resp.read())

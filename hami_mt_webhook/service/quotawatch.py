@@ -1,6 +1,6 @@
 """The quota index's feed (SPEC.md §4.9): ResourceQuotas through the node watch's machinery.
 
-The same streaming watch as Nodes (`nodewatch.NodeWatch`: WatchList or paged lists, resume, 410,
+The same streaming watch as Nodes (`nodewatch.Watch`: WatchList or paged lists, resume, 410,
 back-off), on /api/v1/resourcequotas. Of each quota only its `limits.` slice keys are kept, and only
 for quotas that have any, so the index stays a few bytes per such quota. The warning it feeds is
 advisory: readiness does not wait for it, and while it is not synced no warning is given.
@@ -15,7 +15,7 @@ from typing import Any
 from ..rules.config import Config
 from ..rules.quota import QuotaIndex, unenforced_keys
 from .nodefeed import Build, Feed
-from .nodewatch import Login, NodeWatch
+from .nodewatch import Login, Watch
 
 logger = logging.getLogger("hami_mt_webhook")
 
@@ -36,7 +36,8 @@ class QuotaFeed(Feed):
         self.build = Build()
         self.resource_version = None
 
-    def node(self, kind: str, obj: dict[str, Any]) -> None:
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        """Apply one ResourceQuota: its unenforced `limits.` keys, into the build or the index."""
         meta = obj.get("metadata") or {}
         key = (str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         keys = frozenset() if kind == "DELETED" else unenforced_keys(obj, self.config)
@@ -60,5 +61,6 @@ class QuotaFeed(Feed):
                     "(not enforced by Kubernetes; pods in their namespaces are warned)", len(self.index))
 
 
-def quota_watch(index: QuotaIndex, config: Config, login: Login, mode: str = "auto") -> NodeWatch:
-    return NodeWatch(QuotaFeed(index, config), login, mode=mode, path=QUOTAS, what="quota watch")
+def quota_watch(index: QuotaIndex, config: Config, login: Login, mode: str) -> Watch:
+    """The quota index's watch, started beside the node watch with the same way of reading."""
+    return Watch(QuotaFeed(index, config), login, path=QUOTAS, what="quota watch", mode=mode)

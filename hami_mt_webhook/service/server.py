@@ -18,8 +18,9 @@ from pathlib import Path
 
 import kopf
 
+from .connections import DEFAULT_LIMITS, Limits
 from .handler import ReviewHandler
-from .listener import Limits, Listener
+from .listener import Listener
 from .state import State
 from .tls import CertReloader
 
@@ -31,14 +32,14 @@ logger = logging.getLogger("hami_mt_webhook")
 class AdmissionServer:
     """HTTPS on `addr:port` for /mutate-pods, /validate-pods and /validate-workloads until cancelled."""
 
-    def __init__(self, state: State, *, addr: str = "0.0.0.0", port: int = 8443, certfile: str, pkeyfile: str,
-                 cafile: str | None = None, client_ca: str | None = None, reload_interval: float = 10.0,
+    def __init__(self, state: State, *, addr: str, port: int, certfile: str, pkeyfile: str,
+                 reload_interval: float, cafile: str | None = None, client_ca: str | None = None,
                  limits: Limits | None = None) -> None:
         self.state = state
         self.addr, self.port = addr, port
         self.cafile = cafile
         self.reload_interval = reload_interval
-        self.limits = limits or Limits()
+        self.limits = limits or DEFAULT_LIMITS
         self.certificates = CertReloader(certfile, pkeyfile, client_ca, state.metrics)
         self.listening = asyncio.Event()
         self.listener: Listener | None = None
@@ -46,10 +47,11 @@ class AdmissionServer:
     async def __call__(self, fn: kopf.WebhookFn | None = None) -> AsyncIterator[kopf.WebhookClientConfig]:
         """Serve until cancelled; yields the client config once, as kopf's protocol asks."""
         context = self.certificates.load()
-        handler = ReviewHandler(self.state, self.limits)  # /<id>, and /warn/<id> in rollout mode (SPEC.md §4.10)
+        # /<id>, and /warn/<id> in rollout mode (SPEC.md §4.10)
+        handler = ReviewHandler(self.state, self.limits)
         metrics = self.state.metrics
-        self.listener = listener = Listener(handler, self.addr or "0.0.0.0", self.port or 0, context, self.limits,
-                                            on_close=metrics.connection_closed)
+        self.listener = listener = Listener(handler, self.addr or "0.0.0.0", self.port or 0, context,
+                                            self.limits, on_close=metrics.connection_closed)
         metrics.connections.set_function(lambda: listener.connections)
         await listener.start()
         try:
@@ -70,7 +72,3 @@ class AdmissionServer:
             logger.info("draining: no new connections, finishing in-flight reviews")
             await asyncio.shield(listener.stop())
             handler.close()
-
-    def _reload(self) -> bool:
-        """Check the certificate files now (the loop above does it every `reload_interval`)."""
-        return self.certificates.reload()

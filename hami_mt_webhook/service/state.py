@@ -14,7 +14,8 @@ __all__ = ["State"]
 
 @dataclass
 class State:
-    """One per process; the watches write the node view and the quota index, the handler and probes read them."""
+    """One per process; the watches write the node view and the quota index, the handler and probes read
+    them."""
 
     config: Config
     view: ClusterView = field(default_factory=lambda: ClusterView(ready=False))

@@ -22,7 +22,8 @@ logger = logging.getLogger("hami_mt_webhook")
 CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20"
 
 
-def tls_context(certfile: str | Path, keyfile: str | Path, client_ca: str | Path | None = None) -> ssl.SSLContext:
+def tls_context(certfile: str | Path, keyfile: str | Path,
+                client_ca: str | Path | None = None) -> ssl.SSLContext:
     """TLS 1.2 at least (1.3 preferred), forward-secret AEAD ciphers, HTTP/1.1 only.
 
     No session tickets: their key would live as long as the process, and the API server keeps its
@@ -42,7 +43,8 @@ def tls_context(certfile: str | Path, keyfile: str | Path, client_ca: str | Path
 
 
 class CertReloader:
-    """The current SSL context for a certificate, key and optional client CA, swapped when the files change."""
+    """The current SSL context for a certificate, key and optional client CA, swapped when the files
+    change."""
 
     def __init__(self, certfile: str, keyfile: str, client_ca: str | None, metrics: Metrics) -> None:
         self.certfile, self.keyfile, self.client_ca = certfile, keyfile, client_ca
@@ -65,7 +67,8 @@ class CertReloader:
                 return False
             fresh = self._context()
         except (OSError, ssl.SSLError, ValueError) as err:
-            logger.error("certificate files changed but do not load (%s); still serving the previous ones", err)
+            logger.error("certificate files changed but do not load (%s); still serving the previous ones",
+                         err)
             self.metrics.cert_reloads.labels("failed").inc()
             return False
         self.current, self._digest = fresh, digest

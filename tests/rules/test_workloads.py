@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from hami_mt_webhook.admission import review
-from hami_mt_webhook.admission.pods import admit
+from hami_mt_webhook.admission.pods import mutate_then_validate_pod
 from hami_mt_webhook.admission.workloads import check
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.rules import workloads
@@ -150,7 +150,7 @@ def test_verdict_and_warnings_are_the_pods_named_after_the_workload(case, kind):
     obj = _workload_for(case, kind)
     before = copy.deepcopy(obj)
     pod = workloads.pod_of(obj, kind)
-    expected = admit(pod, nodes_view(), CONFIG)
+    expected = mutate_then_validate_pod(pod, nodes_view(), CONFIG)
     decision = check(obj, kind, nodes_view(), CONFIG)
     assert obj == before, "the workload must not be changed"
     assert decision.allowed == expected.allowed

@@ -205,12 +205,12 @@ async def test_a_kept_alive_connection_whose_next_request_waits_unread_is_served
         assert (await hostile.read_answer(kept))[0] == 200
         await eventually(lambda: listener.phases()["idle"] == 1)
         kept_w.write(request_bytes(good_body()))  # in the server's socket at once (loopback), not yet read
-        listener._expire(asyncio.get_running_loop().time() + 5.5)  # past the deadline, before the read
+        listener.close_expired(asyncio.get_running_loop().time() + 5.5)  # past the deadline, before the read
         assert (await asyncio.wait_for(hostile.read_answer(kept), 5))[0] == 200
         assert listener.closed["deadline-idle"] == 0
         # Without a request waiting, the same check closes it.
         await eventually(lambda: listener.phases()["idle"] == 1)
-        listener._expire(asyncio.get_running_loop().time() + 5.5)
+        listener.close_expired(asyncio.get_running_loop().time() + 5.5)
         assert listener.closed["deadline-idle"] == 1
         kept_w.close()
 

@@ -444,11 +444,11 @@ async def test_rotation_serves_the_new_certificate_and_keeps_open_connections(we
         assert before.serial == old_serial
         assert (await before.post(MUTATE, good))[0] == 200
 
-        assert srv._reload() is False  # nothing changed yet
+        assert srv.certificates.reload() is False  # nothing changed yet
         assert certs.rotate(layout.root, force=True)
         new_serial = serial_of(layout.tls_cert)
         assert new_serial != old_serial
-        assert srv._reload() is True
+        assert srv.certificates.reload() is True
 
         after = await Raw.open(port, ctx)
         try:
@@ -511,16 +511,16 @@ async def test_broken_certificate_files_are_not_loaded(webhook_server):
     for n, (cert_bytes, key_bytes) in enumerate(broken.values(), start=1):
         layout.tls_cert.write_bytes(cert_bytes)  # a plain write: what a careless renewer does
         layout.tls_key.write_bytes(key_bytes)
-        assert srv._reload() is False
+        assert srv.certificates.reload() is False
         assert await served_serial() == old_serial
         assert _sample(state, "hami_mt_webhook_certificate_reloads_total", result="failed") == n
 
     layout.tls_cert.unlink()
-    assert srv._reload() is False
+    assert srv.certificates.reload() is False
     assert await served_serial() == old_serial
 
     certs.write_pair(fresh, layout.tls_cert, layout.tls_key)
-    assert srv._reload() is True
+    assert srv.certificates.reload() is True
     assert await served_serial() == fresh.cert.serial_number
 
 
