@@ -25,6 +25,7 @@ from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
 from ..rules.quantities import QuantityError, whole
+from ..rules.shape import containers, resources
 from ..rules.text import clip
 
 
@@ -54,7 +55,8 @@ def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tu
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise InputError(f"{name}: not YAML or JSON{where}: {getattr(err, 'problem', None) or err}") from None
+            problem = getattr(err, "problem", None) or err
+            raise InputError(f"{name}: not YAML or JSON{where}: {problem}") from None
         label = "stdin" if name == "-" else name
         found = [(f"{label}#{i + 1}", d) for i, d in enumerate(docs) if d is not None]
         if not found:  # a file given but empty is a mistake in a CI job, not a pass
@@ -75,8 +77,8 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
     for source, doc in documents:
         if not isinstance(doc, dict):
             raise InputError(f"{source}: not a Kubernetes object "
-                             f"(expected a Pod, a workload ({WORKLOADS}), a training job ({TRAINING}), a List of "
-                             "them or an AdmissionReview)")
+                             f"(expected a Pod, a workload ({WORKLOADS}), a training job ({TRAINING}), a "
+                             "List of them or an AdmissionReview)")
         kind = doc.get("kind")
         listed = isinstance(kind, str) and kind.endswith("List") and isinstance(doc.get("items"), list)
         if kind in LISTS or listed or (kind is None and isinstance(doc.get("items"), list)):
@@ -85,8 +87,8 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
                 raise InputError(f"{source}: a {kind} needs an items list")
             out += items((f"{source}[{i}]", d) for i, d in enumerate(entries))
         elif not isinstance(kind, str) or not kind:
-            raise InputError(f"{source}: the object has no kind; write the kind line (kind: Pod, kind: Deployment, "
-                             "...) as kubectl needs it too")
+            raise InputError(f"{source}: the object has no kind; write the kind line (kind: Pod, kind: "
+                             "Deployment, ...) as kubectl needs it too")
         elif kind in ("Pod", "AdmissionReview"):
             out.append(Item(source, doc))
         elif (entry := workloads.of(doc)) is not None:
@@ -179,15 +181,12 @@ def capacities_note(item: Item, view: ClusterView, config: Config) -> str | None
 def _most_cards(spec: dict[str, Any], config: Config) -> int:
     """The most cards one container of the pod asks for (1 when none is readable: the rules say why)."""
     most = 1
-    for group in ("initContainers", "containers"):
-        items = spec.get(group)
-        for container in items if isinstance(items, list) else []:
-            resources = container.get("resources") if isinstance(container, dict) else None
-            limits = resources.get("limits") if isinstance(resources, dict) else None
-            try:
-                most = max(most, whole(limits.get(config.vgpu, 1)) if isinstance(limits, dict) else 1)
-            except QuantityError:
-                continue
+    for _, _, container in containers(spec):
+        limits, _ = resources(container)
+        try:
+            most = max(most, whole(limits.get(config.vgpu, 1)))
+        except QuantityError:
+            continue
     return most
 
 
@@ -210,8 +209,8 @@ def run_review(files: list[str], node_files: list[str], config: Config, output: 
             first = skipped[0]
             named = " ".join(clip(str(part)) for part in (first.doc["kind"], _name(first.doc)[0]) if part)
             raise InputError(f"{first.source}: {named} is not judged "
-                             f"(--strict; {len(skipped)} such object{'s' if len(skipped) > 1 else ''}): review "
-                             f"judges {JUDGED}")
+                             f"(--strict; {len(skipped)} such object{'s' if len(skipped) > 1 else ''}): "
+                             f"review judges {JUDGED}")
         results = [(skipped_line(item), True) if item.skipped else line(item, view, config) for item in todo]
     except InputError as e:
         print(f"hami-mt-webhook review: {e}", file=err)
@@ -248,5 +247,6 @@ def _text(item: Item, obj: dict[str, Any], note: str | None = None) -> str:
     lines = [f"{kind} {obj['namespace']}/{obj['name']}: {verdict}"]
     lines += [f"  {note}"] if note else []
     lines += [f"  warning: {w}" for w in obj["warnings"]]
-    lines += [f"  patch: {op['op']} {op['path']} = {orjson.dumps(op['value']).decode()}" for op in obj["patch"]]
+    lines += [f"  patch: {op['op']} {op['path']} = {orjson.dumps(op['value']).decode()}"
+              for op in obj["patch"]]
     return "\n".join(lines) + "\n"

@@ -59,7 +59,7 @@ class Config:
                                  "always rewritten)")
 
     def known_size(self, per_card: int) -> bool:
-        """A card size the vendor ships or the operator configured; any other is overcommitted or odd (§2)."""
+        """A card size the vendor ships or the operator configured; others are overcommitted or odd (§2)."""
         return per_card in CARD_SIZES or per_card in self.memory_per_card
 
     @property

@@ -57,9 +57,10 @@ _NANO = Decimal("1e-9")
 def parse(text: str) -> Decimal:
     """A Kubernetes quantity, exactly as apimachinery's ParseQuantity reads it (ValueError if it would not).
 
-    <quantity> ::= <sign>? <digits> ( "." <digits>? )? | "." <digits> followed by a suffix: n u m "" k M G T P E,
-    Ki Mi Gi Ti Pi Ei, or e/E and a signed exponent. ASCII digits only, no spaces, no underscores. Values
-    round up to the next nano unit, and binary-suffixed ones saturate at 2**63 - 1, as the API server does.
+    <quantity> ::= <sign>? <digits> ( "." <digits>? )? | "." <digits> followed by a suffix:
+    n u m "" k M G T P E, Ki Mi Gi Ti Pi Ei, or e/E and a signed exponent. ASCII digits only, no spaces,
+    no underscores. Values round up to the next nano unit, and binary-suffixed ones saturate at
+    2**63 - 1, as the API server does.
     """
     if not text:
         raise ValueError("empty quantity")

@@ -110,9 +110,10 @@ def test_mixing_is_denied_even_for_another_scheduler():
 @pytest.mark.parametrize(("resource", "value", "expect"), [
     (V, "1.5", 'mthreads.com/vgpu limit "1.5" is not a whole number; use a whole number of cards, 1 or more'),
     (V, "500m", 'limit "500m" is not a whole number'),
-    (M, "abc", 'mthreads.com/sgpu-memory limit "abc" is not a quantity; use a positive whole number of 512 MiB units'),
-    (K, "2.5", 'mthreads.com/sgpu-core limit "2.5" is not a whole number; use a whole number of sixteenths of a '
-               'card, 1 to 16'),
+    (M, "abc", 'mthreads.com/sgpu-memory limit "abc" is not a quantity; use a positive whole number of 512 '
+               'MiB units'),
+    (K, "2.5", 'mthreads.com/sgpu-core limit "2.5" is not a whole number; use a whole number of sixteenths '
+               'of a card, 1 to 16'),
     (M, "1e30", "far too large"),
 ])
 def test_non_whole_quantities_are_denied(resource, value, expect):
@@ -156,8 +157,8 @@ def test_byte_sizes_for_memory_get_a_unit_hint():
 def test_limit_and_request_that_differ_are_denied():
     d = denied(pod(ctr("c", {V: "1", M: "32"}, {M: "16"})))
     assert d.reason == "limits-requests"
-    assert 'container "c": mthreads.com/sgpu-memory limit 32 and request 16 differ; set them to the same value' \
-        == d.message
+    assert d.message == ('container "c": mthreads.com/sgpu-memory limit 32 and request 16 differ; '
+                         'set them to the same value')
 
 
 def test_requests_only_are_copied_to_limits_with_a_warning():
@@ -194,7 +195,8 @@ def test_vendor_form_with_core_only_is_denied_for_missing_memory():
     ({"nodeSelector": S5}, "160"),
     ({"nodeSelector": S4}, "96"),
     ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "mthreads.com/gpu.product", "operator": "In", "values": ["MTT-S4000"]}]}]}}}},
+        {"matchExpressions": [{"key": "mthreads.com/gpu.product", "operator": "In",
+                               "values": ["MTT-S4000"]}]}]}}}},
      "96"),
     ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["s5000-node"]}]}]}}}}, "160"),
@@ -202,7 +204,8 @@ def test_vendor_form_with_core_only_is_denied_for_missing_memory():
 def test_exclusive_fill_takes_the_capacity_of_the_candidate_nodes(spec, memory):
     d = admitted(pod(ctr("c", {V: "1"}), **spec))
     assert limits_of(d) == {V: "1", M: memory, K: "16"} == requests_of(d)
-    assert any(f"set mthreads.com/sgpu-core 16 and mthreads.com/sgpu-memory {memory}" in w for w in d.warnings)
+    wanted = f"set mthreads.com/sgpu-core 16 and mthreads.com/sgpu-memory {memory}"
+    assert any(wanted in w for w in d.warnings)
     assert "exclusive" in d.mutations
 
 
@@ -241,8 +244,8 @@ def test_multi_card_keeps_user_values_equal_to_the_fill_without_warning():
 def test_multi_card_with_other_slice_values_is_denied(extra):
     d = denied(pod(ctr("c", {V: "2", **extra}), nodeSelector=S5))
     assert d.reason == "multi-card"
-    assert "multi-card requests take whole cards: remove mthreads.com/sgpu-memory and mthreads.com/sgpu-core" \
-        in d.message
+    assert ("multi-card requests take whole cards: remove mthreads.com/sgpu-memory and "
+            "mthreads.com/sgpu-core") in d.message
 
 
 @pytest.mark.parametrize(("vgpu", "spec", "cards"), [("9", {}, 8), ("2", {"nodeSelector": S4}, 1)])
@@ -281,8 +284,8 @@ def test_multi_card_warning_names_only_the_capacities_that_can_hold_it():
     assert limits_of(d)[M] == "320"
     assert d.warnings == [  # as docs/mixed-clusters.md and docs/denials.md quote it
         'container "train": mthreads.com/vgpu 2 takes 2 whole cards: set mthreads.com/sgpu-core 32 and '
-        "mthreads.com/sgpu-memory 320 (160 GiB); the pod's 2 cards could come from nodes with cards of 96, 160 "
-        "units, so the largest was taken: pin a card model with a nodeSelector to get its exact capacity"]
+        "mthreads.com/sgpu-memory 320 (160 GiB); the pod's 2 cards could come from nodes with cards of 96, "
+        "160 units, so the largest was taken: pin a card model with a nodeSelector to get its exact capacity"]
     on_examples = admitted(pod(ctr("c", {V: "2"})))  # the one-card S4000 can never hold two cards
     assert limits_of(on_examples)[M] == "320" and "96" not in on_examples.warnings[0]
 
@@ -340,7 +343,8 @@ def test_without_node_reports_multi_card_takes_the_largest_memory_per_card():
 
 def test_a_valid_tier_is_kept_untouched():
     d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"})))
-    assert [op["path"] for op in d.patch] == ["/spec/schedulerName", "/metadata/annotations"]  # and the record
+    # The scheduler, and the record.
+    assert [op["path"] for op in d.patch] == ["/spec/schedulerName", "/metadata/annotations"]
     assert set(d.object["metadata"]["annotations"]) == {RECORD}
     assert d.warnings == [] and d.mutations == ["scheduler"]
 
@@ -381,8 +385,8 @@ def test_snap_uses_the_tiers_of_the_candidate_capacity():
 def test_memory_above_every_candidate_card_is_denied_naming_the_largest():
     d = denied(pod(ctr("c", {V: "1", M: "128", K: "4"}), nodeSelector=S4))
     assert d.reason == "capacity"
-    assert d.message == ('container "c": mthreads.com/sgpu-memory 128 (64 GiB) is more than the largest card, '
-                         "96 (48 GiB); valid values: 2, 4, 8, 16, 32, 64, 96")
+    assert d.message == ('container "c": mthreads.com/sgpu-memory 128 (64 GiB) is more than the largest '
+                         "card, 96 (48 GiB); valid values: 2, 4, 8, 16, 32, 64, 96")
 
 
 def test_core_without_memory_is_denied():
@@ -435,8 +439,9 @@ def test_a_retired_scheduler_is_rewritten_with_a_warning():
     d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName="mt-old-scheduler"), config=RETIRED)
     assert d.object["spec"]["schedulerName"] == "hami-scheduler"
     assert d.mutations == ["retired-scheduler"]
-    assert d.warnings == ["pod names scheduler 'mt-old-scheduler', which is retired (--retired-schedulers): set "
-                          "hami-scheduler; write schedulerName: hami-scheduler in the manifest, or leave it out"]
+    assert d.warnings == ["pod names scheduler 'mt-old-scheduler', which is retired (--retired-schedulers): "
+                          "set hami-scheduler; write schedulerName: hami-scheduler in the manifest, or leave "
+                          "it out"]
     # Its own fill warnings follow, and a pod without slices naming it is never touched.
     d = admitted(pod(ctr("c", {V: "1"}), schedulerName="mt-old-scheduler"), config=RETIRED)
     assert "retired" in d.warnings[0] and "alone takes a whole card" in d.warnings[1]
@@ -448,7 +453,7 @@ def test_retired_scheduler_rules_still_deny_and_quote_at_most_64_characters():
     d = denied(pod(ctr("both", {G: "1", V: "1"}), schedulerName="mt-old-scheduler"), config=RETIRED)
     assert d.reason == "mixing"
     d = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName="x" * 100), config=RETIRED)
-    assert f"'{'x' * 64}...'" in d.warnings[0] and "x" * 65 not in d.warnings[0]
+    assert f"'{'x' * 64}'… (100 characters)" in d.warnings[0] and "x" * 65 not in d.warnings[0]
 
 
 def test_without_the_list_a_retired_name_is_just_another_scheduler():
@@ -561,7 +566,8 @@ def test_largest_vgpu_goes_into_the_annotation_and_replaces_a_stale_one():
     d = admitted(pod(ctr("c", {V: "3"}), annotations={"mthreads.com/request-gpu-num": "1", "keep": "me"}))
     assert d.object["metadata"]["annotations"] == {"mthreads.com/request-gpu-num": "3", "keep": "me",
                                                    RECORD: record(d.object, Config())}
-    assert {"op": "replace", "path": "/metadata/annotations/mthreads.com~1request-gpu-num", "value": "3"} in d.patch
+    path = "/metadata/annotations/mthreads.com~1request-gpu-num"
+    assert {"op": "replace", "path": path, "value": "3"} in d.patch
 
 
 def test_not_ready_view_gives_a_retryable_denial():
@@ -575,8 +581,10 @@ def test_not_ready_view_gives_a_retryable_denial():
     ({"spec": {}}, "no containers"),
     ({"metadata": {}}, "no spec"),
     ([], "not a Pod"),
-    ({"spec": {"containers": [{"name": "c", "resources": "lots"}]}}, 'container "c": resources must be an object'),
-    ({"spec": {"containers": [{"name": "c", "resources": {"limits": [1]}}]}}, "resources.limits must be an object"),
+    ({"spec": {"containers": [{"name": "c", "resources": "lots"}]}},
+     'container "c": resources must be an object'),
+    ({"spec": {"containers": [{"name": "c", "resources": {"limits": [1]}}]}},
+     "resources.limits must be an object"),
     ({"spec": {"containers": ["c"]}}, "spec.containers[0] must be an object"),
 ])
 def test_unreadable_pods_get_a_400_denial(body, text):
@@ -620,7 +628,7 @@ def test_validation_never_mutates():
     assert d.allowed and d.patch == [] and d.warnings == []
 
 
-# §4.8 and §5: slice pods left on the default scheduler; the pod's own ignore label -------------------------------
+# §4.8 and §5: slice pods left on the default scheduler; the pod's own ignore label --------------------------
 
 IGNORE = {"hami.io/webhook": "ignore"}
 
@@ -629,8 +637,9 @@ IGNORE = {"hami.io/webhook": "ignore"}
 def test_validation_denies_slices_left_on_the_default_scheduler(scheduler, shown):
     d = validate(pod(ctr("c", {V: "1", M: "32", K: "8"}), schedulerName=scheduler), VIEW, CFG)
     assert not d.allowed and d.reason == "unmutated"
-    assert d.message == (f'container "c" asks for sGPU slices but spec.schedulerName is {shown}: hami-mt-webhook did '
-                         "not mutate it (it would have set hami-scheduler); set spec.schedulerName: hami-scheduler")
+    assert d.message == (f'container "c" asks for sGPU slices but spec.schedulerName is {shown}: '
+                         "hami-mt-webhook did not mutate it (it would have set hami-scheduler); "
+                         "set spec.schedulerName: hami-scheduler")
 
 
 def test_a_labelled_pod_is_told_what_its_label_does():
@@ -643,14 +652,15 @@ def test_a_labelled_pod_is_told_what_its_label_does():
 
 
 def test_admit_skips_the_mutation_of_a_labelled_pod_as_the_api_server_does():
-    body = make_pod(ctr("c", {V: "1", M: "32"}), labels=IGNORE, schedulerName="hami-scheduler", defaults=False)
+    body = make_pod(ctr("c", {V: "1", M: "32"}), labels=IGNORE, schedulerName="hami-scheduler",
+                    defaults=False)
     d = admit(body, VIEW, CFG)
     assert d.allowed and d.patch == [] and d.warnings == []  # not filled: the mutation did not run
     mixed = make_pod(ctr("c", {V: "1", G: "1"}), labels=IGNORE, schedulerName="hami-scheduler")
     assert admit(mixed, VIEW, CFG).reason == "mixing"
 
 
-# §4.3: ephemeral containers added to a running pod (kubectl debug) -----------------------------------------------
+# §4.3: ephemeral containers added to a running pod (kubectl debug) ------------------------------------------
 
 def running(*ephemeral_containers: dict) -> dict:
     """A bound slice pod, as the API server presents it on UPDATE of pods/ephemeralcontainers."""
@@ -667,13 +677,14 @@ ROOT = {**DEBUG, "name": "root", "securityContext": {"privileged": True}}
 def test_a_new_privileged_ephemeral_container_is_denied():
     d = ephemeral(running(ROOT), running(), CFG)
     assert not d.allowed and d.code == 403 and d.reason == "privileged"
-    assert d.message == ('ephemeral container "root" is privileged, and a privileged container sees every card, so it '
-                         "cannot join a pod with sGPU slices; remove securityContext.privileged (kubectl debug: "
-                         "--profile=general instead of sysadmin)")
+    assert d.message == ('ephemeral container "root" is privileged, and a privileged container sees every '
+                         "card, so it cannot join a pod with sGPU slices; remove securityContext.privileged "
+                         "(kubectl debug: --profile=general instead of sysadmin)")
 
 
 def test_only_new_ephemeral_containers_are_judged_and_only_for_privilege():
-    assert ephemeral(running(DEBUG), running(), CFG).allowed  # nodeName and bind annotations are expected here
+    # nodeName and bind annotations are expected here
+    assert ephemeral(running(DEBUG), running(), CFG).allowed
     assert ephemeral(running(ROOT, DEBUG), running(ROOT), CFG).allowed  # already there before this webhook
     plain = make_pod(ctr("c", {"cpu": "1"}))
     plain["spec"]["ephemeralContainers"] = [ROOT]
@@ -690,13 +701,13 @@ def test_the_validating_webhook_reviews_the_ephemeralcontainers_subresource():
     assert review.handle(orjson.dumps(body), "validate-pods", VIEW, CFG).decision.allowed
 
 
-# long lists stay readable ----------------------------------------------------------------------------------------
+# long lists stay readable -----------------------------------------------------------------------------------
 
 def test_a_denial_names_at_most_three_containers_and_counts_the_rest():
     body = pod(*(ctr(f"w{i}", {V: "1", M: "8", K: "1"}) for i in range(30)), nodeSelector=S4)
     d = denied(body)
-    assert d.message.startswith('container "w0", container "w1", container "w2" and 27 more containers share one '
-                                "card but ask for mthreads.com/sgpu-memory 240")
+    assert d.message.startswith('container "w0", container "w1", container "w2" and 27 more containers share '
+                                "one card but ask for mthreads.com/sgpu-memory 240")
     assert "w3" not in d.message
 
 
@@ -713,9 +724,9 @@ def test_an_overcommitted_capacity_is_used_as_reported_and_the_fill_says_so():
     assert limits_of(d) == requests_of(d) == {V: "1", M: "176", K: "16"}
     assert d.warnings == [
         'container "c": mthreads.com/vgpu 1 alone takes a whole card: set mthreads.com/sgpu-core 16 and '
-        "mthreads.com/sgpu-memory 176 (88 GiB); 176 units a card is not a known card size (96, 160): the node's "
-        "reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio, which HAMi's scheduler "
-        "accounts against too, so the card's memory is oversubscribed"]
+        "mthreads.com/sgpu-memory 176 (88 GiB); 176 units a card is not a known card size (96, 160): the "
+        "node's reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio, which "
+        "HAMi's scheduler accounts against too, so the card's memory is oversubscribed"]
     d = admitted(pod(ctr("c", {V: "2"}), nodeSelector=ON_OC), view=OVERCOMMIT)
     assert limits_of(d)[M] == "352" and "not a known card size" in d.warnings[0]
     # Unpinned, the largest candidate is the odd one: both notes.
@@ -726,15 +737,18 @@ def test_an_overcommitted_capacity_is_used_as_reported_and_the_fill_says_so():
 def test_160_is_no_tier_of_an_overcommitted_card_and_known_sizes_say_nothing():
     d = admitted(pod(ctr("c", {V: "1", M: "160", K: "8"}), nodeSelector=ON_OC), view=OVERCOMMIT)
     assert limits_of(d)[M] == "176" and "snapped up to 176" in d.warnings[0]
-    assert d.warnings[0].endswith("says 160 fails; 176 units a card is not a known card size (96, 160): the node's "
-                                  "reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio, "
-                                  "which HAMi's scheduler accounts against too, so the card's memory is oversubscribed")
+    assert d.warnings[0].endswith("says 160 fails; 176 units a card is not a known card size (96, 160): the "
+                                  "node's reported mthreads.com/sgpu-memory likely includes the vendor's "
+                                  "overcommit_ratio, which HAMi's scheduler accounts against too, so the "
+                                  "card's memory is oversubscribed")
     d = admitted(pod(ctr("c", {V: "1", M: "100", K: "8"}), nodeSelector=ON_OC), view=OVERCOMMIT)
-    assert "snapped up to 128" in d.warnings[0] and "known card size" not in d.warnings[0]  # 128 is a power of two
+    # 128 is a power of two
+    assert "snapped up to 128" in d.warnings[0] and "known card size" not in d.warnings[0]
     d = admitted(pod(ctr("c", {V: "1"}), nodeSelector=S5), view=OVERCOMMIT)
     assert "known card size" not in d.warnings[0]
     # A size the operator configured in memoryPerCard is known too.
-    d = admitted(pod(ctr("c", {V: "1"}), nodeSelector=ON_OC), view=OVERCOMMIT, config=Config(memory_per_card=(176,)))
+    d = admitted(pod(ctr("c", {V: "1"}), nodeSelector=ON_OC), view=OVERCOMMIT,
+                 config=Config(memory_per_card=(176,)))
     assert "known card size" not in d.warnings[0]
 
 
