@@ -6,7 +6,8 @@ webhook a warning alone is not enough: the pod must still be mutated as far as t
 turning `deny` on later changes nothing but the answer for the pods that were warned about. `mutating`
 gets there by asking the step again about a copy of the pod in which each denied part is set aside (a
 container's slice resources, the pod's nodeName, a privileged flag, a bind-time annotation), and then
-makes the changes the rules give for the copy on the real pod. A container set aside is left as it was written.
+makes the changes the rules give for the copy on the real pod. A container set aside is left as it was
+written.
 
 Malformed reviews (code 400) and a webhook not yet ready (503) are answered the same in both modes: only
 rule denials (403) are softened.
@@ -23,9 +24,12 @@ from typing import Any
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision, Patch
-from ..rules.slots import DEFAULT_SCHEDULER
+from ..rules.shape import GROUPS, asks_for_slices, containers, named, privileged, resources
+from ..rules.slots import rewritten
 from . import pods
 from .pods import Handler, chain, mutate_pods, validate_pods
+
+__all__ = ["WOULD_DENY", "soften"]
 
 WARN = "warn"
 #: The prefix of every warning that stands for a denial under `warn`.
@@ -38,7 +42,8 @@ def softened(decision: Decision) -> bool:
 
 
 def soften(decision: Decision, config: Config) -> Decision:
-    """Under `warn`, a rule denial as an allowed answer with no patch and the warning `would deny: <message>`."""
+    """Under `warn`, a rule denial as an allowed answer, with no patch and the warning
+    `would deny: <message>`."""
     if config.enforcement != WARN or not softened(decision):
         return decision
     return Decision(object=decision.object, warnings=[*decision.warnings, WOULD_DENY + decision.message],
@@ -128,7 +133,7 @@ def _parts(pod: Any) -> int:
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if not isinstance(spec, dict):
         return 0
-    return sum(len(spec.get(g) or []) for g in ("initContainers", "containers") if isinstance(spec.get(g), list))
+    return sum(len(items) for g in GROUPS if isinstance(items := spec.get(g), list))
 
 
 def _set_aside(step: Handler, request: dict[str, Any], pod: Any, denial: Decision, view: ClusterView,
@@ -152,39 +157,28 @@ def _candidates(pod: dict[str, Any], config: Config) -> Iterator[dict[str, Any]]
     spec = pod["spec"]
     if spec.get("nodeName"):
         yield _edited(pod, lambda p: p["spec"].pop("nodeName"))
-    groups = [(g, i, c) for g in ("initContainers", "containers")
-              for i, c in enumerate(spec.get(g) or []) if isinstance(c, dict)]
-    if any(isinstance(c.get("securityContext"), dict) and c["securityContext"].get("privileged") is True
-           for _, _, c in groups):
-        yield _edited(pod, lambda p: [c["securityContext"].pop("privileged") for g, i, c in _containers(p)
-                                      if isinstance(c.get("securityContext"), dict)
-                                      and c["securityContext"].get("privileged") is True])
+    groups = list(containers(spec))
+    if any(privileged(c) for _, _, c in groups):
+        yield _edited(pod, _drop_privileged)
     annotations = (pod.get("metadata") or {}).get("annotations")
     if isinstance(annotations, dict) and any(a in annotations for a in config.bind_annotations):
         yield _edited(pod, lambda p: [p["metadata"]["annotations"].pop(a) for a in config.bind_annotations
                                       if a in p["metadata"]["annotations"]])
     for group, index, container in reversed(groups):
-        resources = container.get("resources")
-        if isinstance(resources, dict) and any(isinstance(resources.get(part), dict) and
-                                               any(r in resources[part] for r in config.slices)
-                                               for part in ("limits", "requests")):
+        if named(config.slices, *resources(container)):
             yield _edited(pod, functools.partial(_drop_slices, config=config, at=(group, index)))
 
 
-def _containers(pod: dict[str, Any]) -> Iterator[tuple[str, int, dict[str, Any]]]:
-    for group in ("initContainers", "containers"):
-        for index, container in enumerate(pod["spec"].get(group) or []):
-            if isinstance(container, dict):
-                yield group, index, container
+def _drop_privileged(pod: dict[str, Any]) -> None:
+    for _, _, container in containers(pod["spec"]):
+        if privileged(container):
+            container["securityContext"].pop("privileged")
 
 
 def _drop_slices(pod: dict[str, Any], config: Config, at: tuple[str, int]) -> None:
-    container = pod["spec"][at[0]][at[1]]
-    for part in ("limits", "requests"):
-        values = container["resources"].get(part)
-        if isinstance(values, dict):
-            for resource in config.slices:
-                values.pop(resource, None)
+    for values in resources(pod["spec"][at[0]][at[1]]):
+        for resource in config.slices:
+            values.pop(resource, None)
 
 
 def _edited(pod: dict[str, Any], edit: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
@@ -198,10 +192,4 @@ def _rewrites_scheduler(pod: Any, config: Config) -> bool:
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if not isinstance(spec, dict):
         return False
-    scheduler = spec.get("schedulerName") or ""
-    if scheduler not in ("", DEFAULT_SCHEDULER, *config.retired_schedulers):
-        return False
-    return any(isinstance(c.get("resources"), dict) and
-               any(isinstance(c["resources"].get(part), dict) and any(r in c["resources"][part] for r in config.slices)
-                   for part in ("limits", "requests"))
-               for _, _, c in _containers(pod))
+    return rewritten(spec.get("schedulerName") or "", config) and asks_for_slices(pod, config)

@@ -15,6 +15,8 @@ from ..rules.config import Config
 from . import settings
 from .settings import DEFAULT_CERTS, Setting
 
+__all__ = ["main"]
+
 
 def _flag(group: argparse._ActionsContainer, setting: Setting, default: str | None) -> None:
     """`setting`'s flag, its help ending with its variable and default; an int or float default makes

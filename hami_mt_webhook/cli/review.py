@@ -25,6 +25,7 @@ from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
 from ..rules.quantities import QuantityError, whole
+from ..rules.shape import containers, resources
 from ..rules.text import clip
 
 
@@ -179,15 +180,12 @@ def capacities_note(item: Item, view: ClusterView, config: Config) -> str | None
 def _most_cards(spec: dict[str, Any], config: Config) -> int:
     """The most cards one container of the pod asks for (1 when none is readable: the rules say why)."""
     most = 1
-    for group in ("initContainers", "containers"):
-        items = spec.get(group)
-        for container in items if isinstance(items, list) else []:
-            resources = container.get("resources") if isinstance(container, dict) else None
-            limits = resources.get("limits") if isinstance(resources, dict) else None
-            try:
-                most = max(most, whole(limits.get(config.vgpu, 1)) if isinstance(limits, dict) else 1)
-            except QuantityError:
-                continue
+    for _, _, container in containers(spec):
+        limits, _ = resources(container)
+        try:
+            most = max(most, whole(limits.get(config.vgpu, 1)))
+        except QuantityError:
+            continue
     return most
 
 

@@ -16,14 +16,13 @@ from .model import (
     Settings,
     endpoint,
     endpoint_host,
-    selector_matches,
 )
 from .nodes import capacity, labels, whole_and_sliced
 from .pods import quota, slice_pods
 from .registration import availability, registration
 
 __all__ = ["CHECKS", "VENDOR_COMPONENTS", "Check", "Cluster", "Finding", "Served", "Settings", "endpoint",
-           "endpoint_host", "hami_memory_per_card", "kubernetes_version", "run", "selector_matches"]
+           "endpoint_host", "hami_memory_per_card", "kubernetes_version", "run"]
 
 
 #: Every check, in the order its findings are printed.

@@ -18,14 +18,14 @@ from .model import (
     Cluster,
     Finding,
     Settings,
-    _few,
-    _meta,
-    _pods,
-    _reports,
     all_webhooks,
+    few,
+    live_pods,
     mapping,
+    metadata,
     name_of,
     namespace_of,
+    node_reports,
     ref,
     sequence,
     unique,
@@ -37,7 +37,8 @@ COMPATIBILITY = "docs/compatibility.md"
 
 
 def kubernetes_version(cluster: Cluster, settings: Settings) -> list[Finding]:
-    """A server older than the oldest minor this release is tested on (the chart's floor), or newer than the newest."""
+    """A server older than the oldest minor this release is tested on (the chart's floor), or newer than
+    the newest."""
     git = str(cluster.version.get("gitVersion") or "")
     match = re.match(r"v?(\d+)\.(\d+)", git)
     if not match:
@@ -46,15 +47,16 @@ def kubernetes_version(cluster: Cluster, settings: Settings) -> list[Finding]:
     oldest, newest = (f"{v[0]}.{v[1]}" for v in (OLDEST_TESTED, NEWEST_TESTED))
     if minor < OLDEST_TESTED:
         return [Finding("kubernetes-version", "API server",
-                        f"Kubernetes {git} is older than {oldest}, the oldest this release supports: the chart "
-                        f"refuses it (kubeVersion >={oldest}.0-0), and the webhook configurations' matchConditions "
-                        f"and the backstop ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1) are GA only "
-                        f"from {oldest}; upgrade the control plane ({COMPATIBILITY})")]
+                        f"Kubernetes {git} is older than {oldest}, the oldest this release supports: the "
+                        f"chart refuses it (kubeVersion >={oldest}.0-0), and the webhook configurations' "
+                        "matchConditions and the backstop ValidatingAdmissionPolicy "
+                        f"(admissionregistration.k8s.io/v1) are GA only from {oldest}; upgrade the control "
+                        f"plane ({COMPATIBILITY})")]
     if minor > NEWEST_TESTED:
         return [Finding("kubernetes-version", "API server",
                         f"Kubernetes {git} is newer than {newest}, the newest this release is tested on; "
-                        f"{COMPATIBILITY} says what changes across versions, and a newer hami-mt-webhook release "
-                        f"may be tested on it", action=False)]
+                        f"{COMPATIBILITY} says what changes across versions, and a newer hami-mt-webhook "
+                        "release may be tested on it", action=False)]
     return []
 
 
@@ -69,17 +71,18 @@ def vendor(cluster: Cluster, settings: Settings) -> list[Finding]:
         if name_of(deploy) not in VENDOR_COMPONENTS:
             continue
         replicas = mapping(deploy.get("spec")).get("replicas", 1)
-        state = "runs" if replicas else "is scaled to 0 but still installed (the operator may scale it up again)"
+        state = ("runs" if replicas else
+                 "is scaled to 0 but still installed (the operator may scale it up again)")
         found.append(Finding("vendor", f"Deployment {ref(deploy)}",
-                             f"the vendor's {name_of(deploy)} {state}: it intercepts GPU pods as HAMi does, and "
-                             f"the two together conflict; {off}"))
+                             f"the vendor's {name_of(deploy)} {state}: it intercepts GPU pods as HAMi does, "
+                             f"and the two together conflict; {off}"))
     for kind, doc, hook in all_webhooks(cluster):
         service = mapping(mapping(hook.get("clientConfig")).get("service")).get("name")
         if name_of(doc) in VENDOR_COMPONENTS or service in VENDOR_COMPONENTS:
             found.append(Finding("vendor", f"{kind} {name_of(doc)}",
                                  f"webhook {hook.get('name')} still sends pods to the vendor's "
-                                 f"{service or name_of(doc)}: two webhooks mutating GPU pods conflict, and with its "
-                                 f"Deployment gone it may refuse them; {off}, or delete it: "
+                                 f"{service or name_of(doc)}: two webhooks mutating GPU pods conflict, and "
+                                 f"with its Deployment gone it may refuse them; {off}, or delete it: "
                                  f"kubectl delete {kind.lower()} {name_of(doc)}"))
     return unique(found)
 
@@ -92,7 +95,8 @@ def device_configmap(client_config: Mapping[str, Any]) -> tuple[str, str]:
 
 def hami_memory_per_card(configmap: Mapping[str, Any]) -> list[int] | None:
     """`mthreads.memoryPerCard` of HAMi's device-config.yaml; [96] when unset (HAMi's default, and all that
-    HAMi v2.10.0 and earlier know); None when the file configures no Moore Threads devices or is unreadable."""
+    HAMi v2.10.0 and earlier know); None when the file configures no Moore Threads devices or is
+    unreadable."""
     text = mapping(configmap.get("data")).get("device-config.yaml")
     try:
         doc = yaml.safe_load(text) if isinstance(text, str) else None
@@ -112,21 +116,23 @@ def hami_memory_per_card(configmap: Mapping[str, Any]) -> list[int] | None:
 def hami_webhook(cluster: Cluster, settings: Settings) -> list[Finding]:
     """HAMi's own admission webhook also admits Moore Threads pods: its memoryPerCard must cover every card
     size the nodes report, or it refuses valid slices and fills whole cards short."""
-    sizes = sorted({r.per_card for r in _reports(cluster, settings.config)})
+    sizes = sorted({r.per_card for r in node_reports(cluster, settings.config)})
     found = []
     for kind, doc, hook in all_webhooks(cluster):
         if hook.get("name") != HAMI_WEBHOOK:
             continue
         ns, name = device_configmap(mapping(hook.get("clientConfig")))
         where = f"{kind} {name_of(doc)}"
-        configmap = next((c for c in cluster.configmaps if namespace_of(c) == ns and name_of(c) == name), None)
+        configmap = next((c for c in cluster.configmaps if namespace_of(c) == ns and name_of(c) == name),
+                         None)
         if configmap is None:
             why = cluster.unreadable.get(f"ConfigMap {ns}/{name}", "not read")
             need = f" ({', '.join(map(str, sizes))}, what the nodes report)" if sizes else ""
             found.append(Finding("hami-webhook", where,
                                  f"HAMi's webhook {HAMI_WEBHOOK} also admits Moore Threads pods, and its "
-                                 f"devices.mthreads.memoryPerCard could not be checked (ConfigMap {ns}/{name}: "
-                                 f"{why}): make sure it lists every card size{need}", action=False))
+                                 "devices.mthreads.memoryPerCard could not be checked (ConfigMap "
+                                 f"{ns}/{name}: {why}): make sure it lists every card size{need}",
+                                 action=False))
             continue
         per_card = hami_memory_per_card(configmap)
         if per_card is None:
@@ -135,20 +141,20 @@ def hami_webhook(cluster: Cluster, settings: Settings) -> list[Finding]:
         if missing:
             listed = ", ".join(map(str, sorted(set(per_card) | set(sizes))))
             found.append(Finding("hami-webhook", where,
-                                 f"HAMi's webhook {HAMI_WEBHOOK} also admits Moore Threads pods and checks them "
-                                 f"against memoryPerCard [{', '.join(map(str, per_card))}] (ConfigMap {ns}/{name}), "
-                                 f"but nodes report cards of {', '.join(map(str, missing))} units: it refuses "
-                                 f"slices above {max(per_card)} and fills whole cards short; set "
-                                 f"devices.mthreads.memoryPerCard to [{listed}] (HAMi after v2.10.0), or, if HAMi "
-                                 "manages no other devices, --set scheduler.admissionWebhook.enabled=false "
-                                 f"({MIGRATION}, step 4)"))
+                                 f"HAMi's webhook {HAMI_WEBHOOK} also admits Moore Threads pods and checks "
+                                 f"them against memoryPerCard [{', '.join(map(str, per_card))}] (ConfigMap "
+                                 f"{ns}/{name}), but nodes report cards of {', '.join(map(str, missing))} "
+                                 f"units: it refuses slices above {max(per_card)} and fills whole cards "
+                                 f"short; set devices.mthreads.memoryPerCard to [{listed}] (HAMi after "
+                                 "v2.10.0), or, if HAMi manages no other devices, --set "
+                                 f"scheduler.admissionWebhook.enabled=false ({MIGRATION}, step 4)"))
     return found
 
 
 # --- the scheduler ---------------------------------------------------------------------------------------
 
 def _created(obj: Mapping[str, Any]) -> dt.datetime | None:
-    text = _meta(obj).get("creationTimestamp")
+    text = metadata(obj).get("creationTimestamp")
     try:
         return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
     except ValueError:
@@ -168,7 +174,7 @@ def scheduler(cluster: Cluster, settings: Settings) -> list[Finding]:
     """Pods wait for the configured scheduler and none has looked at them: nothing answers to that name."""
     name = settings.config.scheduler_name
     waiting = []
-    for pod in _pods(cluster):
+    for pod in live_pods(cluster):
         created = _created(pod)
         if (mapping(pod.get("spec")).get("schedulerName") == name and _unattended(pod)
                 and created is not None and cluster.now - created >= settings.pending):
@@ -177,8 +183,8 @@ def scheduler(cluster: Cluster, settings: Settings) -> list[Finding]:
         return []
     minutes = settings.pending.total_seconds() / 60
     return [Finding("scheduler", f"scheduler {name}",
-                    f"{len(waiting)} pod{'s have' if len(waiting) != 1 else ' has'} waited {minutes:g} minutes or "
-                    f"more without any scheduler trying to place {'them' if len(waiting) != 1 else 'it'} "
-                    f"({_few(waiting)}): nothing answers to schedulerName {name}; install or restart HAMi's "
-                    f"scheduler (kubectl -n kube-system get deploy hami-scheduler) and check that it runs as {name} "
-                    "(HAMi's schedulerName value)")]
+                    f"{len(waiting)} pod{'s have' if len(waiting) != 1 else ' has'} waited {minutes:g} "
+                    "minutes or more without any scheduler trying to place "
+                    f"{'them' if len(waiting) != 1 else 'it'} ({few(waiting)}): nothing answers to "
+                    f"schedulerName {name}; install or restart HAMi's scheduler (kubectl -n kube-system get "
+                    f"deploy hami-scheduler) and check that it runs as {name} (HAMi's schedulerName value)")]

@@ -30,6 +30,8 @@ from .components import device_configmap
 from .model import Cluster, Obj, Served
 from .registration import deployments_behind
 
+__all__ = ["Api", "CannotRun", "read"]
+
 #: Objects per page of a list: a large cluster's pods arrive in pieces.
 PAGE = 500
 #: Seconds to connect to the API server, and to read one answer.
@@ -115,8 +117,8 @@ class Api:
                 query.append(("continue", token))
             status, body = self.get(LISTS[key], query)
             if status == 403:
-                raise CannotRun(f"no permission to list {WHAT[key]} in all namespaces ({_message(body)}); doctor "
-                                f"needs get and list on {', '.join(WHAT.values())}")
+                raise CannotRun(f"no permission to list {WHAT[key]} in all namespaces ({_message(body)}); "
+                                f"doctor needs get and list on {', '.join(WHAT.values())}")
             if status != 200:
                 raise CannotRun(f"listing {WHAT[key]} failed with HTTP {status}: {_message(body)}")
             out.extend(i for i in body.get("items") or [] if isinstance(i, dict))
@@ -171,8 +173,8 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
     ours = model.registered(cluster)
     for _, _, hook in ours.values():
         svc = model.mapping(model.mapping(hook.get("clientConfig")).get("service"))
-        if svc and not any(model.namespace_of(s) == svc.get("namespace") and model.name_of(s) == svc.get("name")
-                           for s in cluster.services):
+        named = (svc.get("namespace"), svc.get("name"))
+        if svc and not any((model.namespace_of(s), model.name_of(s)) == named for s in cluster.services):
             found = api.optional(f"/api/v1/namespaces/{svc.get('namespace')}/services/{svc.get('name')}",
                                  f"Service {svc.get('namespace')}/{svc.get('name')}", cluster)
             if found is not None:
@@ -180,7 +182,8 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
     for _, hook in hooks:
         if hook.get("name") == model.HAMI_WEBHOOK:
             ns, name = device_configmap(model.mapping(hook.get("clientConfig")))
-            found = api.optional(f"/api/v1/namespaces/{ns}/configmaps/{name}", f"ConfigMap {ns}/{name}", cluster)
+            found = api.optional(f"/api/v1/namespaces/{ns}/configmaps/{name}", f"ConfigMap {ns}/{name}",
+                                 cluster)
             if found is not None:
                 cluster.configmaps.append(found)
     for _, _, hook in ours.values():
@@ -210,11 +213,13 @@ def _served(api: Api, cluster: Cluster, client_config: Mapping[str, Any], probe:
             secret = model.mapping(model.mapping(volume).get("secret")).get("secretName")
             if not secret:
                 continue
-            what = f"Secret {model.namespace_of(deploy)}/{secret}"
-            body = api.optional(f"/api/v1/namespaces/{model.namespace_of(deploy)}/secrets/{secret}", what, cluster)
+            ns = model.namespace_of(deploy)
+            what = f"Secret {ns}/{secret}"
+            body = api.optional(f"/api/v1/namespaces/{ns}/secrets/{secret}", what, cluster)
             crt = model.mapping((body or {}).get("data")).get("tls.crt")
             if crt:
                 return Served(pem=base64.b64decode(crt),
                               source=f"in {what} (mounted by Deployment {model.ref(deploy)})")
             return Served(error=f"{reached}; {what}: {cluster.unreadable.get(what, 'no tls.crt in it')}")
-    return Served(error=f"{reached}, and no Deployment behind the Service mounts a TLS Secret doctor could read")
+    return Served(error=f"{reached}, and no Deployment behind the Service mounts a TLS Secret "
+                        "doctor could read")

@@ -1,4 +1,5 @@
-"""What the checks read and say: the cluster's objects, the settings, a finding; helpers over plain objects."""
+"""What the checks read and say: the cluster's objects, the settings, a finding; and the helpers over plain
+objects that the check modules share."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from ..rules.config import Config
 Obj = dict[str, Any]
 
 #: The vendor's sGPU scheduler and webhook, by the names the HAMi guide and the operator guide give them.
-VENDOR_COMPONENTS = ("mt-gpu-webhook", "mt-gpu-scheduler", "mt-gpu-scheduler-controller", "mt-gpushare-scheduler")
+VENDOR_COMPONENTS = ("mt-gpu-webhook", "mt-gpu-scheduler", "mt-gpu-scheduler-controller",
+                     "mt-gpushare-scheduler")
 #: The webhook HAMi's chart registers (MutatingWebhookConfiguration `hami-webhook`).
 HAMI_WEBHOOK = "vgpu.hami.io"
 #: The label the vendor's device plugin sets with a node's card count.
@@ -24,8 +26,8 @@ CARD_COUNT_LABEL = "mthreads.com/gpu.count"
 #: Labels that pin a node, not a card model.
 NODE_IDENTITY_LABELS = frozenset({"kubernetes.io/hostname"})
 MIGRATION = "docs/migration.md"
-#: The Kubernetes minors this release is tested on, (major, minor): the oldest is the chart's kubeVersion floor,
-#: CI runs the end-to-end tier on both ends, docs/compatibility.md has every minor between.
+#: The Kubernetes minors this release is tested on, (major, minor): the oldest is the chart's kubeVersion
+#: floor, CI runs the end-to-end tier on both ends, docs/compatibility.md has every minor between.
 OLDEST_TESTED, NEWEST_TESTED = (1, 30), (1, 37)
 
 
@@ -50,7 +52,8 @@ class Finding:
         return f"{'' if self.action else 'note: '}{self.check}: {self.object}: {self.message}"
 
     def as_json(self) -> dict[str, str]:
-        return {"check": self.check, "severity": self.severity, "object": self.object, "message": self.message}
+        return {"check": self.check, "severity": self.severity, "object": self.object,
+                "message": self.message}
 
 
 @dataclass(frozen=True)
@@ -98,17 +101,17 @@ Check = Callable[[Cluster, Settings], list[Finding]]
 
 # --- helpers over plain objects ------------------------------------------------------------------------
 
-def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata") if isinstance(obj, Mapping) else None
     return meta if isinstance(meta, Mapping) else {}
 
 
 def name_of(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("name") or "")
+    return str(metadata(obj).get("name") or "")
 
 
 def namespace_of(obj: Mapping[str, Any]) -> str:
-    return str(_meta(obj).get("namespace") or "")
+    return str(metadata(obj).get("namespace") or "")
 
 
 def ref(obj: Mapping[str, Any]) -> str:
@@ -157,59 +160,26 @@ def endpoint_host(client_config: Mapping[str, Any]) -> tuple[str, int]:
     return f"{svc.get('name', '')}.{svc.get('namespace', '')}.svc", int(svc.get("port") or 443)
 
 
-def selector_matches(selector: Any, labels: Mapping[str, str]) -> bool:
-    """A Kubernetes label selector (matchLabels, matchExpressions) against labels; an empty one matches all."""
-    selector = mapping(selector)
-    for label, value in mapping(selector.get("matchLabels")).items():
-        if labels.get(label) != value:
-            return False
-    for expr in sequence(selector.get("matchExpressions")):
-        expr = mapping(expr)
-        key, op, values = expr.get("key"), expr.get("operator"), sequence(expr.get("values"))
-        value = labels.get(key) if isinstance(key, str) else None  # label values are strings: None is absent
-        present = value is not None
-        if op == "In" and not (present and value in values):
-            return False
-        if op == "NotIn" and present and value in values:
-            return False
-        if op == "Exists" and not present:
-            return False
-        if op == "DoesNotExist" and present:
-            return False
-    return True
-
-
-def asks_for_slices(pod: Mapping[str, Any], config: Config) -> bool:
-    """A container or init container names a slice resource in its limits or requests (SPEC 1)."""
-    spec = mapping(pod.get("spec"))
-    for container in [*sequence(spec.get("containers")), *sequence(spec.get("initContainers"))]:
-        resources = mapping(mapping(container).get("resources"))
-        for part in ("limits", "requests"):
-            if any(name in mapping(resources.get(part)) for name in config.slices):
-                return True
-    return False
-
-
-def _pods(cluster: Cluster) -> list[Obj]:
+def live_pods(cluster: Cluster) -> list[Obj]:
     """The pods that stay: one being deleted needs no advice."""
-    return [p for p in cluster.pods if not _meta(p).get("deletionTimestamp")]
+    return [p for p in cluster.pods if not metadata(p).get("deletionTimestamp")]
 
 
-def _reports(cluster: Cluster, config: Config) -> list[NodeReport]:
+def node_reports(cluster: Cluster, config: Config) -> list[NodeReport]:
     return [r for r in (report(n, config) for n in cluster.nodes) if r is not None]
 
 
-def _n(count: int, word: str) -> str:
+def counted(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
 
 
-def _few(names: list[str], limit: int = 3) -> str:
+def few(names: list[str], limit: int = 3) -> str:
     shown = ", ".join(names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 @functools.cache
-def _ours() -> tuple[tuple[str, str, Obj], ...]:
+def shipped_webhooks() -> tuple[tuple[str, str, Obj], ...]:
     """(kind, configuration name, webhook) of every webhook this project ships (read, never changed)."""
     return tuple((doc["kind"], doc["metadata"]["name"], hook)
                  for doc in configurations.webhook_configurations() for hook in doc.get("webhooks", []))
@@ -217,7 +187,7 @@ def _ours() -> tuple[tuple[str, str, Obj], ...]:
 
 def registered(cluster: Cluster) -> dict[str, tuple[str, Obj, Obj]]:
     """This project's webhooks as registered, by webhook name (the configurations may be renamed)."""
-    shipped = {hook["name"] for _, _, hook in _ours()}
+    shipped = {hook["name"] for _, _, hook in shipped_webhooks()}
     return {str(hook.get("name")): (kind, doc, hook) for kind, doc, hook in all_webhooks(cluster)
             if hook.get("name") in shipped}
 

@@ -8,19 +8,19 @@ from typing import Any
 from ..rules.capacity import ClusterView, NodeReport, report
 from ..rules.config import CARD_SIZES, CORES_PER_CARD
 from ..rules.quantities import QuantityError, whole
+from ..rules.shape import asks_for_slices
 from .model import (
     CARD_COUNT_LABEL,
     NODE_IDENTITY_LABELS,
     Cluster,
     Finding,
     Settings,
-    _meta,
-    _n,
-    _pods,
-    _reports,
-    asks_for_slices,
+    counted,
+    live_pods,
     mapping,
+    metadata,
     name_of,
+    node_reports,
     ref,
     sequence,
 )
@@ -46,11 +46,11 @@ def capacity(cluster: Cluster, settings: Settings) -> list[Finding]:
             if cores == 0:
                 continue  # no card sliced on this node
             found.append(Finding("capacity", where,
-                                 f"reports {config.core} {str(caps.get(config.core))[:64]} and {config.memory} "
-                                 f"{str(caps.get(config.memory, 0))[:64]}, which is no sliced-card report "
-                                 f"({CORES_PER_CARD} {config.core} a card, at least 2 units of memory a card): "
-                                 "the webhook and hami-scheduler ignore the node; check the vendor's device plugin "
-                                 "and sGPU settings on it"))
+                                 f"reports {config.core} {str(caps.get(config.core))[:64]} and "
+                                 f"{config.memory} {str(caps.get(config.memory, 0))[:64]}, which is no "
+                                 f"sliced-card report ({CORES_PER_CARD} {config.core} a card, at least 2 "
+                                 "units of memory a card): the webhook and hami-scheduler ignore the node; "
+                                 "check the vendor's device plugin and sGPU settings on it"))
             continue
         if config.known_size(r.per_card):
             continue
@@ -58,17 +58,19 @@ def capacity(cluster: Cluster, settings: Settings) -> list[Finding]:
         if below:
             base = max(below)
             found.append(Finding("capacity", where,
-                                 f"reports {r.per_card} units of {config.memory} per card, {r.per_card / base:.2f} "
-                                 f"times a {base}-unit card: the vendor's overcommit_ratio is likely in the report, "
-                                 f"and whole-card fills on it get {r.per_card}; if that is intended add "
-                                 f"{r.per_card} to --memory-per-card (and to HAMi's memoryPerCard), else set "
-                                 "overcommit_ratio to 1.0 (docs/mixed-clusters.md#overcommitted-memory)"))
+                                 f"reports {r.per_card} units of {config.memory} per card, "
+                                 f"{r.per_card / base:.2f} times a {base}-unit card: the vendor's "
+                                 "overcommit_ratio is likely in the report, and whole-card fills on it get "
+                                 f"{r.per_card}; if that is intended add {r.per_card} to --memory-per-card "
+                                 "(and to HAMi's memoryPerCard), else set overcommit_ratio to 1.0 "
+                                 "(docs/mixed-clusters.md#overcommitted-memory)"))
         else:
             found.append(Finding("capacity", where,
-                                 f"reports {r.per_card} units of {config.memory} per card, which is no card size "
-                                 f"({', '.join(map(str, known))}) nor an overcommitted one: check the node's "
-                                 f"report (kubectl get node {name_of(node)} -o jsonpath='{{.status.capacity}}'); if "
-                                 f"it is right, add {r.per_card} to --memory-per-card"))
+                                 f"reports {r.per_card} units of {config.memory} per card, which is no card "
+                                 f"size ({', '.join(map(str, known))}) nor an overcommitted one: check the "
+                                 f"node's report (kubectl get node {name_of(node)} -o "
+                                 f"jsonpath='{{.status.capacity}}'); if it is right, add {r.per_card} to "
+                                 "--memory-per-card"))
     return found
 
 
@@ -97,19 +99,19 @@ def whole_and_sliced(cluster: Cluster, settings: Settings) -> list[Finding]:
                 names.append(res)
         if not whole_cards:
             continue
-        label = mapping(_meta(node).get("labels")).get(CARD_COUNT_LABEL)
+        label = mapping(metadata(node).get("labels")).get(CARD_COUNT_LABEL)
         count = int(label) if isinstance(label, str) and label.isascii() and label.isdigit() else None
         if count is not None and whole_cards + r.cards <= count:
             continue
         if config.sliced_node_taint is not None and config.sliced_node_taint in _taints(node):
             continue  # whole-card pods are kept off, slice pods tolerate it
-        on = f" on a node of {_n(count, 'card')} ({CARD_COUNT_LABEL})" if count is not None else ""
+        on = f" on a node of {counted(count, 'card')} ({CARD_COUNT_LABEL})" if count is not None else ""
         found.append(Finding("whole-and-sliced", f"Node {name_of(node)}",
-                             f"reports {_n(whole_cards, 'whole card')} ({', '.join(names)}) and "
-                             f"{_n(r.cards, 'sliced card')}{on}: the same cards may go to a whole-card pod "
-                             "(default-scheduler) and to slices (hami-scheduler) at once, and neither scheduler "
-                             "sees the other; slice a fixed subset of the cards (gpu_ids), or taint the node and "
-                             "run the webhook with --sliced-node-taint "
+                             f"reports {counted(whole_cards, 'whole card')} ({', '.join(names)}) and "
+                             f"{counted(r.cards, 'sliced card')}{on}: the same cards may go to a whole-card "
+                             "pod (default-scheduler) and to slices (hami-scheduler) at once, and neither "
+                             "scheduler sees the other; slice a fixed subset of the cards (gpu_ids), or "
+                             "taint the node and run the webhook with --sliced-node-taint "
                              "(docs/mixed-clusters.md#whole-cards-and-slices-on-one-node)"))
     return found
 
@@ -131,31 +133,32 @@ def labels(cluster: Cluster, settings: Settings) -> list[Finding]:
     """The labels selectors need: one telling card models apart in a mixed cluster, and slice pods whose
     selector matches no sliced node (judged against --memory-per-card, and never scheduled)."""
     config = settings.config
-    reports = _reports(cluster, config)
+    reports = node_reports(cluster, config)
     found = []
     sizes = sorted({r.per_card for r in reports})
     if len(sizes) > 1:
         keys = {k for r in reports for k in r.labels} - NODE_IDENTITY_LABELS
         if not any(_separates(k, reports) for k in sorted(keys)):
             found.append(Finding("labels", "Nodes",
-                                 f"sliced nodes have cards of {', '.join(map(str, sizes))} units, but no node label "
-                                 "tells the models apart: a pod cannot pin a card model, and whole-card fills take "
-                                 "the largest; label the nodes one value per model (kubectl label node <name> "
-                                 "example.com/gpu-model=S5000) and pin with a nodeSelector "
-                                 "(docs/mixed-clusters.md#pinning-a-model)"))
+                                 f"sliced nodes have cards of {', '.join(map(str, sizes))} units, but no "
+                                 "node label tells the models apart: a pod cannot pin a card model, and "
+                                 "whole-card fills take the largest; label the nodes one value per model "
+                                 "(kubectl label node <name> example.com/gpu-model=S5000) and pin with a "
+                                 "nodeSelector (docs/mixed-clusters.md#pinning-a-model)"))
     if not reports:
         return found
     view = ClusterView(reports)
-    for pod in _pods(cluster):
+    for pod in live_pods(cluster):
         spec = mapping(pod.get("spec"))
         if not asks_for_slices(pod, config) or spec.get("nodeName"):
             continue
-        constrained = spec.get("nodeSelector") or mapping(mapping(spec.get("affinity")).get("nodeAffinity")).get(
-            "requiredDuringSchedulingIgnoredDuringExecution")
+        node_affinity = mapping(mapping(spec.get("affinity")).get("nodeAffinity"))
+        constrained = (spec.get("nodeSelector")
+                       or node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"))
         if constrained and not view.candidates(spec, config).from_nodes:
             found.append(Finding("labels", f"Pod {ref(pod)}",
-                                 f"its nodeSelector or required node affinity matches none of the {len(reports)} "
-                                 "sliced nodes: it was filled and checked against --memory-per-card and no sliced "
-                                 "node will take it; fix the selector or the node labels (kubectl get nodes "
-                                 "--show-labels), then recreate the pod"))
+                                 "its nodeSelector or required node affinity matches none of the "
+                                 f"{len(reports)} sliced nodes: it was filled and checked against "
+                                 "--memory-per-card and no sliced node will take it; fix the selector or the "
+                                 "node labels (kubectl get nodes --show-labels), then recreate the pod"))
     return found

@@ -6,24 +6,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..rules.quota import limits_only_keys
+from ..rules.selectors import selector_matches
+from ..rules.shape import asks_for_slices
 from .model import (
     Cluster,
     Finding,
     Settings,
-    _meta,
-    _ours,
-    _pods,
-    asks_for_slices,
+    live_pods,
     mapping,
+    metadata,
     name_of,
     namespace_of,
     ref,
     registered,
-    selector_matches,
     sequence,
+    shipped_webhooks,
 )
 
-# --- quotas and existing pods --------------------------------------------------------------------------------
+# --- quotas and existing pods ---------------------------------------------------------------------------
 
 def quota(cluster: Cluster, settings: Settings) -> list[Finding]:
     """ResourceQuotas that limit slices only by `limits.` keys, which Kubernetes never counts (SPEC 4.9)."""
@@ -33,9 +33,10 @@ def quota(cluster: Cluster, settings: Settings) -> list[Finding]:
         if keys:
             twins = ", ".join(f"requests.{k.removeprefix('limits.')}" for k in keys)
             found.append(Finding("quota", f"ResourceQuota {ref(q)}",
-                                 f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} never enforced: Kubernetes "
-                                 f"counts extended resources by requests only; add {twins} with the same value "
-                                 "(every slice pod has requests equal to limits, so it counts what the pod gets)"))
+                                 f"{', '.join(keys)} {'is' if len(keys) == 1 else 'are'} never enforced: "
+                                 f"Kubernetes counts extended resources by requests only; add {twins} with "
+                                 "the same value (every slice pod has requests equal to limits, so it counts "
+                                 "what the pod gets)"))
     return found
 
 
@@ -46,12 +47,12 @@ def _skipped(pod: Mapping[str, Any], namespaces: Mapping[str, Mapping[str, str]]
 
 
 def _recreate(pod: Mapping[str, Any]) -> str:
-    owners = [mapping(o) for o in sequence(_meta(pod).get("ownerReferences"))]
+    owners = [mapping(o) for o in sequence(metadata(pod).get("ownerReferences"))]
     owner = next((o for o in owners if o.get("controller")), None)
     delete = f"kubectl -n {namespace_of(pod)} delete pod {name_of(pod)}"
     if owner:
-        return (f"recreate it: {delete} (its {owner.get('kind')} {owner.get('name')} creates it again through "
-                "the webhook)")
+        return (f"recreate it: {delete} (its {owner.get('kind')} {owner.get('name')} creates it again "
+                "through the webhook)")
     return f"recreate it: {delete}, then create it again from its manifest"
 
 
@@ -62,11 +63,12 @@ def slice_pods(cluster: Cluster, settings: Settings) -> list[Finding]:
     mutating = next((hook for _, (kind, _doc, hook) in registered(cluster).items()
                      if kind == "MutatingWebhookConfiguration"), None)
     if mutating is None:
-        mutating = next(hook for kind, _, hook in _ours() if kind == "MutatingWebhookConfiguration")
+        mutating = next(hook for kind, _, hook in shipped_webhooks()
+                        if kind == "MutatingWebhookConfiguration")
     selector = mutating.get("namespaceSelector")
-    namespaces = {name_of(n): mapping(_meta(n).get("labels")) for n in cluster.namespaces}
+    namespaces = {name_of(n): mapping(metadata(n).get("labels")) for n in cluster.namespaces}
     found = []
-    for pod in _pods(cluster):
+    for pod in live_pods(cluster):
         if not asks_for_slices(pod, config):
             continue
         name = mapping(pod.get("spec")).get("schedulerName") or "default-scheduler"
@@ -75,20 +77,23 @@ def slice_pods(cluster: Cluster, settings: Settings) -> list[Finding]:
         where = f"Pod {ref(pod)}"
         if name in config.retired_schedulers:
             found.append(Finding("slice-pods", where,
-                                 f"names scheduler {name}, which is retired (--retired-schedulers): nothing will "
-                                 f"schedule it; {_recreate(pod)}, and remove schedulerName from its manifest"))
+                                 f"names scheduler {name}, which is retired (--retired-schedulers): "
+                                 f"nothing will schedule it; {_recreate(pod)}, "
+                                 "and remove schedulerName from its manifest"))
         elif name != "default-scheduler":
             found.append(Finding("slice-pods", where,
-                                 f"asks for slices on scheduler {name}, which the webhook leaves alone: if {name} "
-                                 f"does not account for HAMi's slices, {_recreate(pod)} without schedulerName",
-                                 action=False))
+                                 f"asks for slices on scheduler {name}, which the webhook leaves alone: if "
+                                 f"{name} does not account for HAMi's slices, {_recreate(pod)} without "
+                                 "schedulerName", action=False))
         elif _skipped(pod, namespaces, selector):
             found.append(Finding("slice-pods", where,
-                                 f"asks for slices in namespace {namespace_of(pod)}, which the webhooks skip, so it "
-                                 "is on default-scheduler, outside HAMi's accounting: run slice workloads in another "
-                                 "namespace (docs/operating.md#who-may-switch-the-checks-off)"))
+                                 f"asks for slices in namespace {namespace_of(pod)}, which the webhooks "
+                                 "skip, so it is on default-scheduler, outside HAMi's accounting: run slice "
+                                 "workloads in another namespace "
+                                 "(docs/operating.md#who-may-switch-the-checks-off)"))
         else:
             found.append(Finding("slice-pods", where,
-                                 "asks for slices on default-scheduler, outside HAMi's accounting (created before "
-                                 f"the webhook was installed, or while it was unreachable); {_recreate(pod)}"))
+                                 "asks for slices on default-scheduler, outside HAMi's accounting (created "
+                                 "before the webhook was installed, or while it was unreachable); "
+                                 f"{_recreate(pod)}"))
     return found

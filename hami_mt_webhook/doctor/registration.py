@@ -12,31 +12,33 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import NameOID
 
 from ..rules.config import Config
+from ..rules.selectors import labels_match, selector_matches
 from .model import (
     Cluster,
     Finding,
     Obj,
     Settings,
-    _meta,
-    _n,
-    _ours,
+    counted,
     endpoint,
     endpoint_host,
     mapping,
+    metadata,
     name_of,
     namespace_of,
     ref,
     registered,
-    selector_matches,
     sequence,
+    shipped_webhooks,
     unique,
 )
 
 # --- this webhook's registration -------------------------------------------------------------------------
 
 _MISSING = {
-    "/mutate-pods": "slice pods are not mutated: they stay on default-scheduler, where the backstop refuses them",
-    "/validate-pods": "pods are not checked again after other mutating webhooks, nor kubectl debug on slice pods",
+    "/mutate-pods": ("slice pods are not mutated: they stay on default-scheduler, where the backstop "
+                     "refuses them"),
+    "/validate-pods": ("pods are not checked again after other mutating webhooks, nor kubectl debug on "
+                       "slice pods"),
     "/validate-workloads": "workloads are not checked when they are applied, only their pods when created",
 }
 
@@ -47,7 +49,7 @@ def registration(cluster: Cluster, settings: Settings) -> list[Finding]:
     ours = registered(cluster)
     found: list[Finding] = []
     endpoints: set[str] = set()
-    for kind, config_name, shipped in _ours():
+    for kind, config_name, shipped in shipped_webhooks():
         entry = ours.get(shipped["name"])
         if entry is None:
             path = str(mapping(mapping(shipped.get("clientConfig")).get("service")).get("path", ""))
@@ -56,21 +58,23 @@ def registration(cluster: Cluster, settings: Settings) -> list[Finding]:
                 lost = f"in namespaces labelled hami.io/enforcement: warn, {lost}"
             found.append(Finding("registration", f"{kind} {config_name}",
                                  f"webhook {shipped['name']} is not registered: {lost}"
-                                 "; apply it (kubectl apply -f certs/webhook-configurations.yaml, or helm upgrade)"))
+                                 "; apply it (kubectl apply -f certs/webhook-configurations.yaml, "
+                                 "or helm upgrade)"))
             continue
         _, doc, hook = entry
         where = f"{kind} {name_of(doc)}"
         policy, want = hook.get("failurePolicy", "Fail"), shipped.get("failurePolicy")
         if policy != want and want == "Fail":
             found.append(Finding("registration", where,
-                                 f"webhook {hook['name']} has failurePolicy {policy}: while it is unreachable slice "
-                                 "pods are admitted unmutated, on default-scheduler and outside HAMi's accounting; "
-                                 "set failurePolicy: Fail (docs/operating.md)"))
+                                 f"webhook {hook['name']} has failurePolicy {policy}: while it is "
+                                 "unreachable slice pods are admitted unmutated, on default-scheduler and "
+                                 "outside HAMi's accounting; set failurePolicy: Fail (docs/operating.md)"))
         elif policy != want:
             found.append(Finding("registration", where,
-                                 f"webhook {hook['name']} has failurePolicy {policy}: an outage of the webhook then "
-                                 "blocks every rollout and the ReplicaSets and Jobs that controllers create; set "
-                                 f"failurePolicy: {want} (its pods are checked again when created)"))
+                                 f"webhook {hook['name']} has failurePolicy {policy}: an outage of the "
+                                 "webhook then blocks every rollout and the ReplicaSets and Jobs that "
+                                 f"controllers create; set failurePolicy: {want} (its pods are checked "
+                                 "again when created)"))
         found.extend(_match_conditions(where, hook, settings.config))
         found.extend(_trust(where, hook, cluster, settings, endpoints))
     return unique(found)
@@ -80,16 +84,16 @@ def _match_conditions(where: str, hook: Mapping[str, Any], config: Config) -> li
     conditions = [mapping(c) for c in sequence(hook.get("matchConditions"))]
     if not conditions:
         return [Finding("registration", where,
-                        f"webhook {hook.get('name')} has no matchConditions: every object of its kinds, not only "
-                        "those naming a slice resource, is sent to the webhook, so an outage blocks them all; "
-                        "restore the shipped matchConditions")]
+                        f"webhook {hook.get('name')} has no matchConditions: every object of its kinds, not "
+                        "only those naming a slice resource, is sent to the webhook, so an outage blocks "
+                        "them all; restore the shipped matchConditions")]
     text = " ".join(str(c.get("expression", "")) for c in conditions)
     missing = [name for name in config.slices if f"'{name}'" not in text and f'"{name}"' not in text]
     if missing:
         return [Finding("registration", where,
-                        f"the matchConditions of webhook {hook.get('name')} do not name {', '.join(missing)}: "
-                        "objects asking only for it are never sent to the webhook; name every slice resource "
-                        "the webhook is configured with (docs/operating.md)")]
+                        f"the matchConditions of webhook {hook.get('name')} do not name "
+                        f"{', '.join(missing)}: objects asking only for it are never sent to the webhook; "
+                        "name every slice resource the webhook is configured with (docs/operating.md)")]
     return []
 
 
@@ -141,8 +145,8 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
     if not bundle:
         return [Finding("registration", where,
                         f"webhook {hook.get('name')} has no readable caBundle: the API server cannot verify "
-                        f"{key} and refuses every call; apply certs/webhook-configurations.yaml again (or check "
-                        "cert-manager's CA injection)")]
+                        f"{key} and refuses every call; apply certs/webhook-configurations.yaml again (or "
+                        "check cert-manager's CA injection)")]
     first = key not in seen
     seen.add(key)
     served = cluster.served.get(key)
@@ -153,28 +157,31 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
         except (ValueError, IndexError):
             leaf = None
     if served is None or leaf is None:
-        why = (served.error or f"{served.source} holds no PEM certificate") if served is not None else "not read"
+        why = ((served.error or f"{served.source} holds no PEM certificate") if served is not None
+               else "not read")
         return [Finding("registration", f"endpoint {key}",
-                        f"the certificate it serves could not be read ({why}): caBundle and expiry not checked; "
-                        "run doctor where the endpoint is reachable (in the cluster), or with permission to read "
-                        "the webhook's TLS Secret", action=False)] if first else []
+                        f"the certificate it serves could not be read ({why}): caBundle and expiry not "
+                        "checked; run doctor where the endpoint is reachable (in the cluster), or with "
+                        "permission to read the webhook's TLS Secret", action=False)] if first else []
     found = []
     signers = [ca for ca in bundle if _signs(ca, leaf)]
     if not signers:
         found.append(Finding("registration", where,
-                             f"the caBundle of webhook {hook.get('name')} (CA {', '.join(_cn(c) for c in bundle)}) "
-                             f"does not sign the certificate {served.source} (issued by "
-                             f"{leaf.issuer.rfc4514_string()}): the API server refuses every call (x509: "
-                             "certificate signed by unknown authority); apply the configurations with the CA that "
-                             "issued the serving certificate (hami-mt-webhook certs writes them)"))
+                             f"the caBundle of webhook {hook.get('name')} (CA "
+                             f"{', '.join(_cn(c) for c in bundle)}) does not sign the certificate "
+                             f"{served.source} (issued by {leaf.issuer.rfc4514_string()}): the API server "
+                             "refuses every call (x509: certificate signed by unknown authority); apply the "
+                             "configurations with the CA that issued the serving certificate "
+                             "(hami-mt-webhook certs writes them)"))
     if not first:
         return found
     at = f"endpoint {key}"
     host, _ = endpoint_host(client_config)
     if host and not _names_host(leaf, host):
         found.append(Finding("registration", at,
-                             f"the certificate {served.source} does not name {host}: the API server refuses it; "
-                             "issue it again for that name (hami-mt-webhook certs --rotate --force --san ...)"))
+                             f"the certificate {served.source} does not name {host}: the API server refuses "
+                             "it; issue it again for that name "
+                             "(hami-mt-webhook certs --rotate --force --san ...)"))
     for cert, what in [(leaf, f"the serving certificate ({served.source})"),
                        *((ca, f"the CA {_cn(ca)}") for ca in signers)]:
         ends = cert.not_valid_after_utc
@@ -186,9 +193,9 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
         elif ends - cluster.now < settings.expiry_warning:
             days = (ends - cluster.now).days
             found.append(Finding("registration", at,
-                                 f"{what} expires on {ends:%Y-%m-%d %H:%M} UTC, in {_n(days, 'day')}: rotate it "
-                                 "now (hami-mt-webhook certs --rotate, or check cert-manager's renewal) "
-                                 "(docs/operating.md#certificates)"))
+                                 f"{what} expires on {ends:%Y-%m-%d %H:%M} UTC, in {counted(days, 'day')}: "
+                                 "rotate it now (hami-mt-webhook certs --rotate, or check cert-manager's "
+                                 "renewal) (docs/operating.md#certificates)"))
     return found
 
 
@@ -209,8 +216,8 @@ def availability(cluster: Cluster, settings: Settings) -> list[Finding]:
         if service is None:
             why = cluster.unreadable.get(f"Service {ns}/{name}", "it does not exist")
             found.append(Finding("availability", f"Service {ns}/{name}",
-                                 f"{kind} {name_of(doc)} calls this Service, which could not be read ({why}): "
-                                 "every call fails; apply manifests/service.yaml (or helm upgrade)",
+                                 f"{kind} {name_of(doc)} calls this Service, which could not be read "
+                                 f"({why}): every call fails; apply manifests/service.yaml (or helm upgrade)",
                                  action=why == "it does not exist"))
             continue
         behind = deployments_behind(service, cluster.deployments)
@@ -226,14 +233,14 @@ def availability(cluster: Cluster, settings: Settings) -> list[Finding]:
 
 def _pod_labels(deploy: Mapping[str, Any]) -> Mapping[str, str]:
     template = mapping(mapping(deploy.get("spec")).get("template"))
-    return mapping(_meta(template).get("labels"))
+    return mapping(metadata(template).get("labels"))
 
 
 def deployments_behind(service: Mapping[str, Any], deployments: Iterable[Obj]) -> list[Obj]:
     """The Deployments in the Service's namespace whose pods its selector selects."""
     selector = mapping(mapping(service.get("spec")).get("selector"))
     return [d for d in deployments if selector and namespace_of(d) == namespace_of(service)
-            and all(_pod_labels(d).get(k) == v for k, v in selector.items())]
+            and labels_match(selector, _pod_labels(d))]
 
 
 def _replicas(deploy: Mapping[str, Any], cluster: Cluster) -> list[Finding]:
@@ -245,26 +252,26 @@ def _replicas(deploy: Mapping[str, Any], cluster: Cluster) -> list[Finding]:
         found.append(Finding("availability", where,
                              f"{ready} of {want} replicas ready"
                              + (": no replica answers, so every slice pod is refused" if not ready else "")
-                             + f"; see kubectl -n {namespace_of(deploy)} describe deployment {name_of(deploy)}, "
-                             "and the events and logs of its pods"))
+                             + f"; see kubectl -n {namespace_of(deploy)} describe deployment "
+                               f"{name_of(deploy)}, and the events and logs of its pods"))
     if want < 2:
         found.append(Finding("availability", where,
-                             f"runs {_n(want, 'replica')}: a drain or a crash refuses every slice pod (failurePolicy "
-                             "Fail); run 3, as shipped (docs/operating.md#availability)"))
+                             f"runs {counted(want, 'replica')}: a drain or a crash refuses every slice pod "
+                             "(failurePolicy Fail); run 3, as shipped (docs/operating.md#availability)"))
     pdbs = [p for p in cluster.pdbs if namespace_of(p) == namespace_of(deploy)
             and selector_matches(mapping(p.get("spec")).get("selector"), _pod_labels(deploy))
             and mapping(mapping(p.get("spec")).get("selector"))]
     if not pdbs:
         found.append(Finding("availability", where,
-                             "no PodDisruptionBudget covers its pods: a node drain may evict every replica at once; "
-                             "apply manifests/pdb.yaml (minAvailable: 1)"))
+                             "no PodDisruptionBudget covers its pods: a node drain may evict every replica "
+                             "at once; apply manifests/pdb.yaml (minAvailable: 1)"))
     for pdb in pdbs:
         spec = mapping(pdb.get("spec"))
         min_available, max_unavailable = spec.get("minAvailable"), spec.get("maxUnavailable")
-        loose = (min_available in (0, "0", "0%")
-                 or (isinstance(max_unavailable, int) and max_unavailable >= want) or max_unavailable == "100%")
+        loose = (min_available in (0, "0", "0%") or max_unavailable == "100%"
+                 or (isinstance(max_unavailable, int) and max_unavailable >= want))
         if loose:
             found.append(Finding("availability", f"PodDisruptionBudget {ref(pdb)}",
-                                 f"lets a drain evict every replica of {where} (minAvailable {min_available}, "
-                                 f"maxUnavailable {max_unavailable}); set minAvailable: 1"))
+                                 f"lets a drain evict every replica of {where} (minAvailable "
+                                 f"{min_available}, maxUnavailable {max_unavailable}); set minAvailable: 1"))
     return found

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Container, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,10 @@ import orjson
 
 from .config import CORES_PER_CARD, Config
 from .quantities import QuantityError, whole
+from .selectors import labels_match, term_matches
 from .text import clip
+
+__all__ = ["ClusterView", "NodeReport", "OncePerNode", "report"]
 
 logger = logging.getLogger(__name__)
 
@@ -80,17 +83,18 @@ def report(node: Mapping[str, Any], config: Config) -> NodeReport | None:
         cores = whole(capacity.get(config.core))
         memory = whole(capacity.get(config.memory, 0))
     except QuantityError as err:
-        _warn_once(name, f"node {clip(name)}: ignoring unreadable sliced capacity ({err})")
+        _IGNORED.warn(name, f"node {clip(name)}: ignoring unreadable sliced capacity ({err})")
         return None
     if cores <= 0 or cores % CORES_PER_CARD or memory <= 0:
         if cores:
-            _warn_once(name, f"node {clip(name)}: {config.core}={cores}, {config.memory}={memory} is not a "
-                             "sliced-card report; ignored")
+            _IGNORED.warn(name, f"node {clip(name)}: {config.core}={cores}, {config.memory}={memory} is not "
+                                "a sliced-card report; ignored")
         return None
     cards = cores // CORES_PER_CARD
     per_card = memory // cards
     if per_card < 2:
-        _warn_once(name, f"node {clip(name)}: {per_card} units per card is below the smallest slice; ignored")
+        _IGNORED.warn(name, f"node {clip(name)}: {per_card} units per card is below the smallest "
+                            "slice; ignored")
         return None
     labels = metadata.get("labels") or {}
     if not isinstance(labels, Mapping):
@@ -100,18 +104,42 @@ def report(node: Mapping[str, Any], config: Config) -> NodeReport | None:
     return NodeReport(name=str(name), labels=labels, cards=cards, per_card=per_card)
 
 
-#: The last warning logged for each node: a node's status arrives again with every kubelet heartbeat,
-#: and SPEC §2 asks for one line per odd node, not one per event.
-_WARNED: dict[str, str] = {}
+class OncePerNode:
+    """The last warning logged for each node: a node's status arrives again with every kubelet heartbeat,
+    and SPEC §2 asks for one line per odd node, not one per event. A node is logged again when what is
+    said of it changes, or after it was forgotten.
+
+    `limit` bounds nodes never forgotten: past it everything is, and at worst a line is repeated.
+    """
+
+    def __init__(self, log: logging.Logger, limit: int | None = 10_000) -> None:
+        self._log = log
+        self._limit = limit
+        self._said: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self._said)
+
+    def warn(self, name: str, message: str) -> None:
+        if self._said.get(name) == message:
+            return
+        if self._limit is not None and len(self._said) >= self._limit:
+            self._said.clear()
+        self._said[name] = message
+        self._log.warning("%s", message)
+
+    def forget(self, name: str) -> None:
+        """The node is fine again, or gone: its next warning is logged."""
+        self._said.pop(name, None)
+
+    def keep(self, names: Container[str]) -> None:
+        """Forget every node not in `names` (a complete set: the others are gone)."""
+        if self._said:
+            self._said = {name: said for name, said in self._said.items() if name in names}
 
 
-def _warn_once(name: str, message: str) -> None:
-    if _WARNED.get(name) == message:
-        return
-    if len(_WARNED) >= 10_000:  # a bound, not a cache: at worst a line is repeated
-        _WARNED.clear()
-    _WARNED[name] = message
-    logger.warning("%s", message)
+#: Nodes whose reports `report` ignores.
+_IGNORED = OncePerNode(logger)
 
 
 class ClusterView:
@@ -225,13 +253,14 @@ class ClusterView:
                                             ("required node affinity", terms is not None)) if on)
         matched = [n.name for n in self._nodes.values() if _matches(n, selector, terms)]
         if not matched:
-            return (f"{caps} from --memory-per-card: its {what} matches none of the {len(self._nodes)} sliced "
-                    "nodes (check their labels: kubectl get nodes --show-labels)")
+            return (f"{caps} from --memory-per-card: its {what} matches none of the {len(self._nodes)} "
+                    "sliced nodes (check their labels: kubectl get nodes --show-labels)")
         shown = ", ".join(matched[:3]) + (f" and {len(matched) - 3} more" if len(matched) > 3 else "")
         return f"{caps} from the sliced nodes its {what} allows: {shown}{note}"
 
     def _scan(self, selector: Any, terms: list[Mapping[str, Any]] | None, config: Config) -> Candidates:
-        if terms is None and isinstance(selector, dict) and all(isinstance(v, str) for v in selector.values()):
+        if terms is None and isinstance(selector, dict) and all(isinstance(v, str)
+                                                                for v in selector.values()):
             wanted = selector.items()  # a plain nodeSelector: a sub-dict test, in C
             matched = [n for n in self._nodes.values() if wanted <= n.labels.items()]
         else:
@@ -280,57 +309,9 @@ def _required_terms(spec: Mapping[str, Any]) -> list[Mapping[str, Any]] | None:
 
 def _matches(node: NodeReport, selector: Any, terms: list[Mapping[str, Any]] | None) -> bool:
     if selector:
-        if not isinstance(selector, Mapping):
-            return False
-        if any(node.labels.get(k) != v for k, v in selector.items()):
+        if not isinstance(selector, Mapping) or not labels_match(selector, node.labels):
             return False
     if terms is not None:
         # Terms are ORed; the requirements inside one term are ANDed.
-        return any(_term_matches(node, term) for term in terms)
+        return any(term_matches(node.name, node.labels, term) for term in terms)
     return True
-
-
-def _term_matches(node: NodeReport, term: Mapping[str, Any]) -> bool:
-    expressions = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
-    if not isinstance(expressions, list) or not isinstance(fields, list):
-        return False  # not a selector term the API server would accept
-    if not expressions and not fields:
-        return False  # an empty term matches no node (Kubernetes semantics)
-    for expr in expressions:
-        if not _requirement(node.labels, expr):
-            return False
-    for expr in fields:
-        if not isinstance(expr, Mapping) or expr.get("key") != "metadata.name":
-            return False
-        if not _requirement({"metadata.name": node.name}, expr):
-            return False
-    return True
-
-
-def _requirement(labels: Mapping[str, str], expr: Any) -> bool:
-    if not isinstance(expr, Mapping):
-        return False
-    key, op = expr.get("key"), expr.get("operator")
-    values = expr.get("values") or []
-    if not isinstance(key, str) or not isinstance(values, list):
-        return False
-    present = key in labels
-    value = labels.get(key) if present else None
-    if op == "In":
-        return present and value in values
-    if op == "NotIn":
-        return not present or value not in values
-    if op == "Exists":
-        return present
-    if op == "DoesNotExist":
-        return not present
-    if op in ("Gt", "Lt"):
-        if value is None or len(values) != 1:
-            return False
-        try:
-            have, want = int(value), int(values[0])
-        except (TypeError, ValueError):
-            return False
-        return have > want if op == "Gt" else have < want
-    return False

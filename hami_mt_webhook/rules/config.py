@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+__all__ = ["CARD_SIZES", "CORES_PER_CARD", "Config", "ENFORCEMENTS"]
+
 #: Annotations hami-scheduler writes when it binds a pod; a pod must not arrive carrying them.
 BIND_ANNOTATIONS = (
     "hami.io/mthreads-vgpu-devices-to-allocate",
@@ -59,7 +61,7 @@ class Config:
                                  "always rewritten)")
 
     def known_size(self, per_card: int) -> bool:
-        """A card size the vendor ships or the operator configured; any other is overcommitted or odd (§2)."""
+        """A card size the vendor ships or the operator configured; others are overcommitted or odd (§2)."""
         return per_card in CARD_SIZES or per_card in self.memory_per_card
 
     @property

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+__all__ = ["Decision", "Patch"]
+
 Path = tuple[str | int, ...]
 
 
@@ -131,7 +133,8 @@ class Decision:
     changes: Sequence[Change] = ()
     object: Any = None  # the pod after the changes
     mutations: list[str] = field(default_factory=list)  # kinds of change: exclusive, snap, vendor-form, ...
-    would_deny: list[str] = field(default_factory=list)  # reasons of denials turned into warnings (SPEC.md §4.10)
+    #: The reasons of the denials turned into warnings (SPEC.md §4.10).
+    would_deny: list[str] = field(default_factory=list)
 
     @property
     def patch(self) -> list[dict[str, Any]]:
@@ -141,4 +144,5 @@ class Decision:
     @classmethod
     def deny(cls, message: str, reason: str, code: int = 403, obj: Any = None,
              warnings: Sequence[str] = ()) -> Decision:
-        return cls(allowed=False, code=code, message=message, reason=reason, object=obj, warnings=list(warnings))
+        return cls(allowed=False, code=code, message=message, reason=reason, object=obj,
+                   warnings=list(warnings))

@@ -31,7 +31,8 @@ def fill(slot: Slot, cands: Candidates, config: Config) -> Fill:
     n, m, k = (quantity(slot, r, config) for r in config.slices)
     for resource, value in zip(config.slices, (n, m, k), strict=True):
         if value is not None and value < 1:
-            raise Denied(f"{slot.label}: {resource} {value} is not valid: use {_expected(resource, config)}", "range")
+            raise Denied(f"{slot.label}: {resource} {value} is not valid: use {_expected(resource, config)}",
+                         "range")
         if value is not None and resource not in slot.limits:
             warnings.append(f"{slot.label}: {resource} {value} was set only in requests; "
                             "copied to limits, which Kubernetes requires for extended resources")
@@ -44,24 +45,27 @@ def fill(slot: Slot, cands: Candidates, config: Config) -> Fill:
                         "scheduler's form, and HAMi accounts for slices through it")
         mutations.append("vendor-form")
     if cands.max_cards is not None and n > cands.max_cards:
-        raise Denied(f"{slot.label}: {config.vgpu} {n} is more than any node it could run on has: the largest "
-                     f"has {cands.max_cards} sliced card{'s' if cands.max_cards > 1 else ''}", "capacity")
+        raise Denied(f"{slot.label}: {config.vgpu} {n} is more than any node it could run on has: the "
+                     f"largest has {cands.max_cards} sliced card{'s' if cands.max_cards > 1 else ''}",
+                     "capacity")
 
     if n > 1:  # §3.5: whole cards, all from one node that slices at least n of them
         cands = cands.holding(n)
         largest = max(cands.capacities)
         cores, memory = CORES_PER_CARD * n, largest * n
-        if memory > MAX_QUANTITY:  # the fill itself must be a quantity the rules accept on the next review (§4.7)
-            raise Denied(f"{slot.label}: {config.vgpu} {n} is far too large: {n} cards of {largest} units would "
-                         f"be {memory} units of {config.memory}", "range")
+        # The fill itself must be a quantity the rules accept on the next review (§4.7).
+        if memory > MAX_QUANTITY:
+            raise Denied(f"{slot.label}: {config.vgpu} {n} is far too large: {n} cards of {largest} units "
+                         f"would be {memory} units of {config.memory}", "range")
         if (k is not None and k != cores) or (m is not None and m != memory):
             given = ", ".join(f"{r} {v}" for r, v in ((config.memory, m), (config.core, k)) if v is not None)
-            raise Denied(f"{slot.label}: {config.vgpu} {n} with {given}: multi-card requests take whole cards: "
-                         f"remove {config.memory} and {config.core} (they are filled as {memory} and {cores})",
-                         "multi-card")
+            raise Denied(f"{slot.label}: {config.vgpu} {n} with {given}: multi-card requests take whole "
+                         f"cards: remove {config.memory} and {config.core} (they are filled as {memory} "
+                         f"and {cores})", "multi-card")
         if k is None or m is None:
-            warnings.append(f"{slot.label}: {config.vgpu} {n} takes {n} whole cards: set {config.core} {cores} "
-                            f"and {config.memory} {memory} ({gib(memory)}){_capacity_note(cands, config, n)}")
+            note = _capacity_note(cands, config, n)
+            warnings.append(f"{slot.label}: {config.vgpu} {n} takes {n} whole cards: set {config.core} "
+                            f"{cores} and {config.memory} {memory} ({gib(memory)}){note}")
             mutations.append("multi-card")
         return _fill(n, {config.vgpu: n, config.memory: memory, config.core: cores}, warnings, mutations)
 
@@ -70,15 +74,16 @@ def fill(slot: Slot, cands: Candidates, config: Config) -> Fill:
                         f"{CORES_PER_CARD} and {config.memory} {largest} ({gib(largest)})"
                         f"{_capacity_note(cands, config)}")
         mutations.append("exclusive")
-        return _fill(1, {config.vgpu: 1, config.memory: largest, config.core: CORES_PER_CARD}, warnings, mutations)
+        values = {config.vgpu: 1, config.memory: largest, config.core: CORES_PER_CARD}
+        return _fill(1, values, warnings, mutations)
 
     if m is None:
         raise Denied(f"{slot.label}: {config.core} {k} without {config.memory}: add {config.memory} "
-                     f"(valid: {listing(valid_set(cands.capacities))}), or drop {config.core} to take the whole card",
-                     "core-without-memory")
+                     f"(valid: {listing(valid_set(cands.capacities))}), or drop {config.core} to take the "
+                     "whole card", "core-without-memory")
     if k is not None and k > CORES_PER_CARD:
-        raise Denied(f"{slot.label}: {config.core} {k} is not valid: a card has {CORES_PER_CARD}, so use 1 to "
-                     f"{CORES_PER_CARD}, or {config.vgpu} 2 or more for whole cards", "range")
+        raise Denied(f"{slot.label}: {config.core} {k} is not valid: a card has {CORES_PER_CARD}, so use 1 "
+                     f"to {CORES_PER_CARD}, or {config.vgpu} 2 or more for whole cards", "range")
     valid = valid_set(cands.capacities)
     if m not in valid:
         tier = snap_up(m, valid)
@@ -93,8 +98,8 @@ def fill(slot: Slot, cands: Candidates, config: Config) -> Fill:
         m = tier
     if k is None:
         warnings.append(f"{slot.label}: {config.memory} {m} without {config.core}: the runtime's default "
-                        "compute weight applies, 1, the lowest (a time-slice weight, not a guaranteed share); "
-                        f"add {config.core} 1 to {CORES_PER_CARD} for a larger weight")
+                        "compute weight applies, 1, the lowest (a time-slice weight, not a guaranteed "
+                        f"share); add {config.core} 1 to {CORES_PER_CARD} for a larger weight")
     values = {config.vgpu: 1, config.memory: m} | ({} if k is None else {config.core: k})
     return _fill(1, values, warnings, mutations)
 
@@ -148,7 +153,8 @@ def _capacity_note(cands: Candidates, config: Config, cards: int = 1) -> str:
     names only theirs."""
     note = ""
     if len(cands.capacities) > 1:
-        where = "the pod could land on" if cards == 1 else f"the pod's {cards} cards could come from nodes with"
+        where = ("the pod could land on" if cards == 1 else
+                 f"the pod's {cards} cards could come from nodes with")
         note = (f"; {where} cards of {listing(sorted(cands.capacities))} units, so the largest was "
                 "taken: pin a card model with a nodeSelector to get its exact capacity")
     return note + _size_note(max(cands.capacities), config)

@@ -31,8 +31,8 @@ def one_card(fills: Sequence[tuple[Slot, Fill]], cands: Candidates, config: Conf
     cores = sum(f.values.get(config.core, 0) for _, f in together)
     if memory > largest:
         raise Denied(f"{_names([s for s, _ in together])} share one card but ask for {config.memory} "
-                     f"{memory} ({gib(memory)}) together, more than the largest card, {largest} ({gib(largest)}); "
-                     "lower their sgpu-memory or split them into pods", "one-card")
+                     f"{memory} ({gib(memory)}) together, more than the largest card, {largest} "
+                     f"({gib(largest)}); lower their sgpu-memory or split them into pods", "one-card")
     if cores > CORES_PER_CARD:
         raise Denied(f"{_names([s for s, _ in together])} share one card but ask for {config.core} {cores} "
                      f"together, more than the {CORES_PER_CARD} of one card; lower their {config.core} "

@@ -19,15 +19,23 @@ from .decision import Decision, Denied, Patch
 from .fill import Fill, fill, same
 from .onecard import one_card
 from .record import RECORD, record
-from .slots import DEFAULT_SCHEDULER, IGNORE_LABEL, Slot, ignores_mutation, label, mixing, pod_checks, slots, unmutated
+from .shape import containers, privileged
+from .slots import (
+    DEFAULT_SCHEDULER,
+    IGNORE_LABEL,
+    Slot,
+    ignores_mutation,
+    label,
+    mixing,
+    pod_checks,
+    rewritten,
+    slots,
+    unmutated,
+)
 from .text import quote
 
 __all__ = ["DEFAULT_SCHEDULER", "IGNORE_LABEL", "Decision", "Denied", "Patch", "defaulted", "ephemeral",
            "ignores_mutation", "mutate", "validate"]
-
-#: Messages quote at most this many characters of a value (SPEC.md §6).
-QUOTED = 64
-
 
 @dataclass(frozen=True)
 class Plan:
@@ -57,19 +65,21 @@ def mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
         patch.set(("spec", "schedulerName"), plan.scheduler)
     if plan.toleration is not None:
         present = spec.get("tolerations")
-        patch.set(("spec", "tolerations"), [*(present if isinstance(present, list) else []), plan.toleration])
+        tolerations = present if isinstance(present, list) else []
+        patch.set(("spec", "tolerations"), [*tolerations, plan.toleration])
     for slot, chosen in plan.fills:
         _write(patch, slot, chosen)
     if plan.cards > 1:
         patch.set(("metadata", "annotations", config.gpu_num_annotation), str(plan.cards))
     mutations = list(plan.mutations)
-    # Last, over the finished pod: the validating webhook is sent the pod only when its final object no longer
-    # matches this record (a later mutator changed it), and a record the pod came with is overwritten.
+    # Last, over the finished pod: the validating webhook is sent the pod only when its final object no
+    # longer matches this record (a later mutator changed it), and a record the pod came with is overwritten.
     written = len(patch.changes)
     patch.set(("metadata", "annotations", RECORD), record(patch.result, config))
     if len(patch.changes) > written and not mutations:  # in admitted form already, but without its record
         mutations.append("record")
-    return Decision(warnings=list(plan.warnings), changes=patch.changes, object=patch.result, mutations=mutations)
+    return Decision(warnings=list(plan.warnings), changes=patch.changes, object=patch.result,
+                    mutations=mutations)
 
 
 def validate(pod: Any, view: ClusterView, config: Config) -> Decision:
@@ -89,12 +99,12 @@ def validate(pod: Any, view: ClusterView, config: Config) -> Decision:
         return denial.decision(pod)
     differences = [d for slot, chosen in plan.fills for d in _differences(slot, chosen)]
     if differences:
-        why = (f"The pod's {IGNORE_LABEL[0]}: {IGNORE_LABEL[1]} label skipped the mutation, so the values must be "
-               "written in their admitted form" if ignores_mutation(pod) else
+        why = (f"The pod's {IGNORE_LABEL[0]}: {IGNORE_LABEL[1]} label skipped the mutation, so the values "
+               "must be written in their admitted form" if ignores_mutation(pod) else
                "The pod was changed after hami-mt-webhook admitted it (another mutating webhook?)")
         return Decision.deny(
-            f"{'; '.join(differences)}. {why}; slice quantities must be whole, valid tiers, with requests equal to "
-            "limits", "changed-after-mutation", obj=pod)
+            f"{'; '.join(differences)}. {why}; slice quantities must be whole, valid tiers, with requests "
+            "equal to limits", "changed-after-mutation", obj=pod)
     return Decision(object=pod)
 
 
@@ -116,49 +126,48 @@ def ephemeral(pod: Any, old: Any, config: Config) -> Decision:
         for index, container in enumerate(items):
             if not isinstance(container, dict) or container.get("name") in known:
                 continue
-            security = container.get("securityContext")
-            if isinstance(security, dict) and security.get("privileged") is True:
-                raise Denied(f"{label('ephemeralContainers', index, container)} is privileged, and a privileged "
-                             "container sees every card, so it cannot join a pod with sGPU slices; remove "
-                             "securityContext.privileged (kubectl debug: --profile=general instead of sysadmin)",
-                             "privileged")
+            if privileged(container):
+                raise Denied(f"{label('ephemeralContainers', index, container)} is privileged, and a "
+                             "privileged container sees every card, so it cannot join a pod with sGPU "
+                             "slices; remove securityContext.privileged (kubectl debug: --profile=general "
+                             "instead of sysadmin)", "privileged")
     except Denied as denial:
         return denial.decision(pod)
     return Decision(object=pod)
 
 
 def defaulted(pod: Any) -> Any:
-    """The pod as the API server defaults it before admission: the default scheduler when none is named, and
-    a resource in limits but not in requests requested at its limit. Files given to `review` are before it."""
+    """The pod as the API server defaults it before admission: the default scheduler when none is named,
+    and a resource in limits but not in requests requested at its limit. Files given to `review` are
+    before it."""
     spec = pod.get("spec") if isinstance(pod, dict) else None
     if not isinstance(spec, dict):
         return pod
     patch = Patch(pod)
     if not spec.get("schedulerName"):
         patch.set(("spec", "schedulerName"), DEFAULT_SCHEDULER)
-    for group in ("initContainers", "containers"):
-        items = spec.get(group)
-        for index, container in enumerate(items if isinstance(items, list) else []):
-            resources = container.get("resources") if isinstance(container, dict) else None
-            limits = resources.get("limits") if isinstance(resources, dict) else None
-            requests = resources.get("requests") if isinstance(resources, dict) else None
-            if isinstance(limits, dict) and (requests is None or isinstance(requests, dict)):
-                missing = {k: v for k, v in limits.items() if k not in (requests or {})}
-                if missing:
-                    patch.update(("spec", group, index, "resources", "requests"), missing)
+    for group, index, container in containers(spec):
+        resources = container.get("resources")
+        limits = resources.get("limits") if isinstance(resources, dict) else None
+        requests = resources.get("requests") if isinstance(resources, dict) else None
+        if isinstance(limits, dict) and (requests is None or isinstance(requests, dict)):
+            missing = {k: v for k, v in limits.items() if k not in (requests or {})}
+            if missing:
+                patch.update(("spec", group, index, "resources", "requests"), missing)
     return patch.result
 
 
 def _plan(pod: Any, found: list[Slot], view: ClusterView, config: Config) -> Plan:
-    """Decide the pod: the values of each slice container, the scheduler, the toleration and the card count."""
+    """Decide the pod: each slice container's values, the scheduler, the toleration and the card count."""
     if not any(s.asks for s in found):
         return Plan()  # §4.5: not a HAMi pod, untouched
     spec = pod["spec"]
     scheduler = spec.get("schedulerName") or ""
     retired = scheduler in config.retired_schedulers
-    if scheduler not in ("", DEFAULT_SCHEDULER, config.scheduler_name) and not retired:
-        return Plan(warnings=[f"pod names scheduler {quote(scheduler)}: hami-mt-webhook leaves it unchanged, "
-                              f"and HAMi accounts for sGPU slices only on {config.scheduler_name}"])
+    if scheduler != config.scheduler_name and not rewritten(scheduler, config):
+        return Plan(warnings=[f"pod names scheduler {quote(scheduler)}: hami-mt-webhook leaves it "
+                              "unchanged, and HAMi accounts for sGPU slices only on "
+                              f"{config.scheduler_name}"])
     if not view.ready:
         raise Denied("hami-mt-webhook is starting and has not yet read the nodes' sGPU capacities; "
                      "retry in a few seconds", "not-ready", 503)
@@ -172,27 +181,23 @@ def _plan(pod: Any, found: list[Slot], view: ClusterView, config: Config) -> Pla
     if scheduler != config.scheduler_name:
         mutations.append("retired-scheduler" if retired else "scheduler")
     toleration = None
-    if config.sliced_node_taint is not None and not _tolerated(spec.get("tolerations"), config.sliced_node_taint):
-        # Opt-in: sliced nodes are tainted so that whole-card pods stay off their cards; slice pods may go there.
-        key, value, effect = config.sliced_node_taint
+    taint = config.sliced_node_taint
+    if taint is not None and not _tolerated(spec.get("tolerations"), taint):
+        # Opt-in: sliced nodes are tainted to keep whole-card pods off their cards; slice pods may go there.
+        key, value, effect = taint
         toleration = {"key": key, "operator": "Equal", "value": value, "effect": effect} if value else \
             {"key": key, "operator": "Exists", "effect": effect}
         mutations.append("toleration")
     if retired:  # §4.2: unlike the plain rewrite, this one is worth a warning: the manifest is out of date
-        warnings.insert(0, f"pod names scheduler {_quote(scheduler)}, which is retired (--retired-schedulers): "
-                           f"set {config.scheduler_name}; write schedulerName: {config.scheduler_name} in the "
-                           "manifest, or leave it out")
-    return Plan(fills, None if scheduler == config.scheduler_name else config.scheduler_name, toleration, cards,
-                warnings, mutations)
-
-
-def _quote(value: str) -> str:
-    """A value as messages show it: repr, cut to QUOTED characters so a huge value cannot flood a reply."""
-    return repr(value if len(value) <= QUOTED else value[:QUOTED] + "...")
+        warnings.insert(0, f"pod names scheduler {quote(scheduler)}, which is retired "
+                           f"(--retired-schedulers): set {config.scheduler_name}; write schedulerName: "
+                           f"{config.scheduler_name} in the manifest, or leave it out")
+    rewrite = None if scheduler == config.scheduler_name else config.scheduler_name
+    return Plan(fills, rewrite, toleration, cards, warnings, mutations)
 
 
 def _tolerated(tolerations: Any, taint: tuple[str, str, str]) -> bool:
-    """Whether the pod already tolerates the taint, by Kubernetes' matching rules (so nothing is added twice)."""
+    """Whether the pod already tolerates the taint, by Kubernetes' matching rules (so none is added twice)."""
     key, value, effect = taint
     for t in tolerations if isinstance(tolerations, list) else []:
         if not isinstance(t, dict) or t.get("effect") not in (None, "", effect):
@@ -221,7 +226,7 @@ def _write(patch: Patch, slot: Slot, chosen: Fill) -> None:
 
 
 def _differences(slot: Slot, chosen: Fill) -> list[str]:
-    """How the container differs from its admitted form, one line per value (a missing map as a whole)."""
+    """How the container differs from its admitted form: one line per value, or per missing map."""
     out = []
     for part, changed in _changed(slot, chosen):
         if part in slot.maps:

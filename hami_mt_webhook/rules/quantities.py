@@ -6,6 +6,8 @@ from collections.abc import Iterable
 from decimal import MAX_EMAX, MIN_EMIN, ROUND_UP, Decimal, InvalidOperation, localcontext
 from functools import lru_cache
 
+__all__ = ["QuantityError", "whole"]
+
 #: Larger values are refused before arithmetic: no card or node comes near, and huge exponents are costly.
 MAX_QUANTITY = 10**15
 
@@ -57,9 +59,10 @@ _NANO = Decimal("1e-9")
 def parse(text: str) -> Decimal:
     """A Kubernetes quantity, exactly as apimachinery's ParseQuantity reads it (ValueError if it would not).
 
-    <quantity> ::= <sign>? <digits> ( "." <digits>? )? | "." <digits> followed by a suffix: n u m "" k M G T P E,
-    Ki Mi Gi Ti Pi Ei, or e/E and a signed exponent. ASCII digits only, no spaces, no underscores. Values
-    round up to the next nano unit, and binary-suffixed ones saturate at 2**63 - 1, as the API server does.
+    <quantity> ::= <sign>? <digits> ( "." <digits>? )? | "." <digits> followed by a suffix:
+    n u m "" k M G T P E, Ki Mi Gi Ti Pi Ei, or e/E and a signed exponent. ASCII digits only, no spaces,
+    no underscores. Values round up to the next nano unit, and binary-suffixed ones saturate at
+    2**63 - 1, as the API server does.
     """
     if not text:
         raise ValueError("empty quantity")

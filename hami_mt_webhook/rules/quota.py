@@ -14,14 +14,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from .config import Config
+from .shape import asks_for_slices
 from .text import quote
+
+__all__ = ["QuotaIndex", "limits_only_keys", "unenforced_keys", "warnings"]
 
 LIMITS, REQUESTS = "limits.", "requests."
 
 
 def unenforced_keys(quota: Any, config: Config) -> frozenset[str]:
-    """The `limits.<slice resource>` keys of a ResourceQuota's spec.hard with no `requests.` twin (nor the bare
-    name, which means the same): those count nothing. None for anything that is not a quota."""
+    """The `limits.<slice resource>` keys of a ResourceQuota's spec.hard with no `requests.` twin (nor the
+    bare name, which means the same): those count nothing. None for anything that is not a quota."""
     spec = quota.get("spec") if isinstance(quota, dict) else None
     hard = spec.get("hard") if isinstance(spec, dict) else None
     if not isinstance(hard, dict):
@@ -35,24 +38,6 @@ def limits_only_keys(quota: Any, config: Config) -> list[str]:
     """`unenforced_keys` in the order the slice resources are listed (what `doctor` reports)."""
     keys = unenforced_keys(quota, config)
     return [LIMITS + name for name in config.slices if LIMITS + name in keys]
-
-
-def asks_for_slices(pod: Any, config: Config) -> bool:
-    """Any container or init container names a slice resource in its limits or requests."""
-    spec = pod.get("spec") if isinstance(pod, dict) else None
-    if not isinstance(spec, dict):
-        return False
-    for group in ("initContainers", "containers"):
-        items = spec.get(group)
-        for container in items if isinstance(items, list) else ():
-            resources = container.get("resources") if isinstance(container, dict) else None
-            if not isinstance(resources, dict):
-                continue
-            for part in ("limits", "requests"):
-                values = resources.get(part)
-                if isinstance(values, dict) and any(r in values for r in config.slices):
-                    return True
-    return False
 
 
 def warnings(pod: Any, quotas: Mapping[str, frozenset[str]], config: Config) -> list[str]:

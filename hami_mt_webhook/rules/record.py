@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .config import Config
+from .shape import GROUPS, named, privileged, resources, sidecar
 
 #: The annotation the mutating webhook writes; users must not rely on it (docs/operating.md).
 RECORD = "hami-mt.mthreads.com/admitted"
@@ -40,8 +41,7 @@ def record(pod: Mapping[str, Any], config: Config) -> str:
     spec = spec if isinstance(spec, dict) else {}
     node = "N" if spec.get("nodeName") else ""
     bound = "".join("1" if a in annotations else "0" for a in config.bind_annotations)
-    groups = ["+".join(_container(c, config) for c in _items(spec.get(group)))
-              for group in ("initContainers", "containers")]
+    groups = ["+".join(_container(c, config) for c in _items(spec.get(group))) for group in GROUPS]
     return "|".join((VERSION, node, bound, *groups))
 
 
@@ -50,16 +50,9 @@ def _items(value: Any) -> list[Any]:
 
 
 def _container(container: Any, config: Config) -> str:
-    container = container if isinstance(container, dict) else {}
-    security = container.get("securityContext")
-    resources = container.get("resources")
-    resources = resources if isinstance(resources, dict) else {}
-    limits, requests = (resources.get(part) for part in ("limits", "requests"))
-    limits = limits if isinstance(limits, dict) else {}
-    requests = requests if isinstance(requests, dict) else {}
-    flags = (("S" if container.get("restartPolicy") == "Always" else "")
-             + ("P" if isinstance(security, dict) and security.get("privileged") is True else "")
-             + ("W" if any(r in limits or r in requests for r in config.whole_card) else ""))
+    limits, requests = resources(container)
+    flags = (("S" if sidecar(container) else "") + ("P" if privileged(container) else "")
+             + ("W" if named(config.whole_card, limits, requests) else ""))
     values = ",".join(f"{_value(limits, r)}/{_value(requests, r)}" for r in config.slices)
     return f"{flags}:{values}"
 

@@ -1,4 +1,5 @@
-"""A pod as the rules read it: its containers (slots), and the checks on the pod as a whole (SPEC.md §3.1, §4).
+"""A pod as the rules read it: its containers (slots), and the checks on the pod as a whole
+(SPEC.md §3.1, §4).
 
 Shapes the rules cannot read are denied here with HTTP code 400, so later steps can rely on them.
 """
@@ -11,10 +12,14 @@ from typing import Any
 
 from .config import Config
 from .decision import Denied
+from .shape import GROUPS, PARTS, named, privileged, sidecar
 from .text import clip, quote
 
+__all__ = ["rewritten"]
+
 DEFAULT_SCHEDULER = "default-scheduler"
-#: A pod labelled so skips the mutating webhook (its objectSelector); the validating rules still apply (§4.8).
+#: A pod labelled so skips the mutating webhook (its objectSelector); the validating rules still apply
+#: (§4.8).
 IGNORE_LABEL = ("hami.io/webhook", "ignore")
 #: How messages call a container of each list of the pod spec.
 _KINDS = {"initContainers": "init container", "ephemeralContainers": "ephemeral container"}
@@ -52,6 +57,12 @@ def ignores_mutation(pod: Any) -> bool:
     return isinstance(labels, dict) and labels.get(key) == value
 
 
+def rewritten(scheduler: object, config: Config) -> bool:
+    """§4.2: the scheduler names a slice pod is moved off: none, the default scheduler, or a retired one.
+    Any value: the pod's schedulerName is not yet known to be a string."""
+    return scheduler in ("", DEFAULT_SCHEDULER) or scheduler in config.retired_schedulers
+
+
 def label(group: str, index: int, container: Any) -> str:
     """How messages name a container: its kind and name, or its index when it has no name."""
     name = container.get("name") if isinstance(container, dict) else None
@@ -72,7 +83,7 @@ def slots(pod: Any, config: Config) -> list[Slot]:
     if not isinstance(containers, list) or not containers:
         raise Denied("the Pod has no containers: spec.containers must list at least one", "malformed", 400)
     out = []
-    for group in ("initContainers", "containers"):
+    for group in GROUPS:
         items = spec.get(group) or []
         if not isinstance(items, list):
             raise Denied(f"spec.{group} must be a list", "malformed", 400)
@@ -89,26 +100,26 @@ def _slot(group: str, index: int, container: Any, config: Config) -> Slot:
         raise Denied(f"{name}: resources must be an object", "malformed", 400)
     resources = resources or {}
     maps: dict[str, Mapping[str, Any]] = {}
-    for part in ("limits", "requests"):
+    for part in PARTS:
         value = resources.get(part)
         if value is not None and not isinstance(value, dict):
             raise Denied(f"{name}: resources.{part} must be an object", "malformed", 400)
         if value is not None:
             maps[part] = value
     limits, requests = maps.get("limits", {}), maps.get("requests", {})
-    return Slot(group, index, name, container.get("restartPolicy") == "Always", limits, requests, frozenset(maps),
-                asks=any(r in limits or r in requests for r in config.slices),
-                whole=tuple(r for r in config.whole_card if r in limits or r in requests))
+    return Slot(group, index, name, sidecar(container), limits, requests, frozenset(maps),
+                asks=bool(named(config.slices, limits, requests)),
+                whole=named(config.whole_card, limits, requests))
 
 
 def mixing(slots: list[Slot], config: Config) -> None:
     """§3.1: a container takes whole cards or slices; checked on every pod, whatever its scheduler."""
     for slot in slots:
         if slot.asks and slot.whole:
-            asked = [r for r in config.slices if r in slot.limits or r in slot.requests]
-            whole, sliced = ", ".join(slot.whole), ", ".join(asked)
-            raise Denied(f"{slot.label} asks for {whole} (whole cards, outside HAMi) and for {sliced} (sGPU slices) "
-                         "at once; a container takes whole cards or slices, not both: "
+            whole = ", ".join(slot.whole)
+            sliced = ", ".join(named(config.slices, slot.limits, slot.requests))
+            raise Denied(f"{slot.label} asks for {whole} (whole cards, outside HAMi) and for {sliced} "
+                         "(sGPU slices) at once; a container takes whole cards or slices, not both: "
                          f"remove {whole} to share a card, or remove {sliced} to take whole cards", "mixing")
 
 
@@ -116,15 +127,13 @@ def pod_checks(pod: dict[str, Any], slots: list[Slot], config: Config) -> None:
     """§4.3 and §4.6: placement is hami-scheduler's, and so are its bind-time annotations."""
     spec = pod["spec"]
     if spec.get("nodeName"):
-        raise Denied(f"the pod sets spec.nodeName {quote(spec['nodeName'])}, but a pod with sGPU slices must be "
-                     f"placed by {config.scheduler_name}; remove nodeName and use a nodeSelector on "
+        raise Denied(f"the pod sets spec.nodeName {quote(spec['nodeName'])}, but a pod with sGPU slices "
+                     f"must be placed by {config.scheduler_name}; remove nodeName and use a nodeSelector on "
                      "kubernetes.io/hostname instead", "node-name")
     for slot in slots:
-        container = spec[slot.group][slot.index]
-        security = container.get("securityContext")
-        if isinstance(security, dict) and security.get("privileged") is True:
-            raise Denied(f"{slot.label} is privileged, and a privileged container sees every card, so the pod "
-                         "cannot take sGPU slices; remove securityContext.privileged", "privileged")
+        if privileged(spec[slot.group][slot.index]):
+            raise Denied(f"{slot.label} is privileged, and a privileged container sees every card, so the "
+                         "pod cannot take sGPU slices; remove securityContext.privileged", "privileged")
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if isinstance(annotations, dict):
         found = [a for a in config.bind_annotations if a in annotations]
@@ -143,4 +152,5 @@ def unmutated(pod: dict[str, Any], slots: list[Slot], scheduler: str, config: Co
     else:
         why = (f"hami-mt-webhook did not mutate it (it would have set {config.scheduler_name}); "
                f"set spec.schedulerName: {config.scheduler_name}")
-    raise Denied(f"{first.label} asks for sGPU slices but spec.schedulerName is {shown}: {why}", "unmutated")
+    message = f"{first.label} asks for sGPU slices but spec.schedulerName is {shown}: {why}"
+    raise Denied(message, "unmutated")

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+__all__ = ["clip", "quote"]
+
 #: Characters of a value a message or log line quotes.
 QUOTE_LIMIT = 64
 

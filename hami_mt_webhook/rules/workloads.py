@@ -17,6 +17,9 @@ from typing import Any
 from .slots import DEFAULT_SCHEDULER
 from .text import clip
 
+__all__ = ["KINDS", "Kind", "LIST", "MAP", "find", "label", "of", "pod_of", "steps", "template",
+           "template_path", "templates"]
+
 #: A step of a template path that stands for every value of a map (`.*`) or every item of a list (`[*]`).
 MAP, LIST = ".*", "[*]"
 
@@ -29,8 +32,8 @@ class Kind:
     group: str
     versions: tuple[str, ...]
     resource: str  # the plural, as the webhook configuration's rules name it
-    #: Paths of the pod templates, as SPEC.md §7 writes them: `spec.template`, `spec.pytorchReplicaSpecs.*.template`,
-    #: `spec.workerGroupSpecs[*].template` (one wildcard at most).
+    #: Paths of the pod templates, as SPEC.md §7 writes them: `spec.template`,
+    #: `spec.pytorchReplicaSpecs.*.template`, `spec.workerGroupSpecs[*].template` (one wildcard at most).
     paths: tuple[str, ...]
     #: Where the kind names its pods' scheduler at the job level (Volcano Job's `spec.schedulerName`).
     scheduler: str | None = None
@@ -56,7 +59,7 @@ KINDS: tuple[Kind, ...] = (
     _builtin("Job", "batch"),
     _builtin("CronJob", "batch", "spec.jobTemplate.spec.template"),
     Kind("PyTorchJob", "kubeflow.org", ("v1",), "pytorchjobs", ("spec.pytorchReplicaSpecs.*.template",)),
-    # kubeflow.org/v1 is the training operator's MPIJob, v2beta1 the MPI operator's; both keep the templates here.
+    # kubeflow.org/v1 is the training operator's MPIJob, v2beta1 the MPI operator's; both keep templates here.
     Kind("MPIJob", "kubeflow.org", ("v1", "v2beta1"), "mpijobs", ("spec.mpiReplicaSpecs.*.template",)),
     Kind("RayCluster", "ray.io", ("v1",), "rayclusters",
          ("spec.headGroupSpec.template", "spec.workerGroupSpecs[*].template")),
@@ -64,8 +67,10 @@ KINDS: tuple[Kind, ...] = (
          ("spec.rayClusterSpec.headGroupSpec.template", "spec.rayClusterSpec.workerGroupSpecs[*].template")),
     Kind("LeaderWorkerSet", "leaderworkerset.x-k8s.io", ("v1",), "leaderworkersets",
          ("spec.leaderWorkerTemplate.leaderTemplate", "spec.leaderWorkerTemplate.workerTemplate")),
-    Kind("JobSet", "jobset.x-k8s.io", ("v1alpha2",), "jobsets", ("spec.replicatedJobs[*].template.spec.template",)),
-    Kind("Job", "batch.volcano.sh", ("v1alpha1",), "jobs", ("spec.tasks[*].template",), scheduler="spec.schedulerName"),
+    Kind("JobSet", "jobset.x-k8s.io", ("v1alpha2",), "jobsets",
+         ("spec.replicatedJobs[*].template.spec.template",)),
+    Kind("Job", "batch.volcano.sh", ("v1alpha1",), "jobs", ("spec.tasks[*].template",),
+         scheduler="spec.schedulerName"),
 )
 
 _BY_GROUP = {(k.group, k.kind): k for k in KINDS}
@@ -73,7 +78,7 @@ _BY_NAME = {k.kind: k for k in reversed(KINDS)}  # the first of a name wins: the
 
 
 def find(kind: str | Kind | None, group: str | None = None) -> Kind | None:
-    """The table's entry for `kind` in `group`; with no group, the built-in kind of that name, else the only one."""
+    """The entry for `kind` in `group`; without a group, the built-in kind of that name, else the only one."""
     if isinstance(kind, Kind) or kind is None:
         return kind
     if group is None:

@@ -23,6 +23,8 @@ from .connections import Limits
 from .http11 import Answer, Head
 from .state import State
 
+__all__ = ["log_decision"]
+
 logger = logging.getLogger("hami_mt_webhook")
 
 

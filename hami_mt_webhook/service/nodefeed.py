@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from ..rules.capacity import ClusterView, NodeReport, report
+from ..rules.capacity import ClusterView, NodeReport, OncePerNode, report
 from ..rules.config import Config
 from .metrics import Metrics
 
@@ -121,7 +121,8 @@ class NodeFeed(Feed):
         self.resource_version: str | None = None
         self.build: Build | None = None
         self.synced_at: float | None = None
-        self.noted: dict[str, int] = {}  # node -> the odd per-card capacity already logged for it (§2: once)
+        # Nodes whose per-card capacity is no known card size, logged once (§2); forgotten when they go.
+        self.noted = OncePerNode(logger, limit=None)
 
     def start_build(self) -> None:
         """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
@@ -150,21 +151,17 @@ class NodeFeed(Feed):
     def _note(self, name: str, node: NodeReport | None) -> None:
         """Log a node whose per-card capacity is no known card size once, not on every event (§2)."""
         if node is None or self.config.known_size(node.per_card):
-            self.noted.pop(name, None)
+            self.noted.forget(name)
             return
-        if self.noted.get(name) == node.per_card:
-            return
-        self.noted[name] = node.per_card
-        logger.warning("node %s: %s units of %s per sliced card is not a known card size (96, 160 or "
-                       "memoryPerCard): its report likely includes the vendor's overcommit_ratio; fills use it "
-                       "as reported", name, node.per_card, self.config.memory)
+        self.noted.warn(name, f"node {name}: {node.per_card} units of {self.config.memory} per sliced card "
+                              "is not a known card size (96, 160 or memoryPerCard): its report likely "
+                              "includes the vendor's overcommit_ratio; fills use it as reported")
 
     def finish_build(self, resource_version: str | None) -> None:
         """The set is complete: it replaces the view whole, and the view is ready."""
         assert self.build is not None
         nodes, self.build = self.build.nodes, None
-        if self.noted:  # nodes deleted while the watch was away: forget them, so a new one of the name is logged
-            self.noted = {name: c for name, c in self.noted.items() if name in nodes}
+        self.noted.keep(nodes)  # nodes deleted while the watch was away: a new one of the name is logged
         self.view.replace(nodes)
         del nodes
         # The view lives until the next rebuild and holds no cycles: keep it (and everything loaded so

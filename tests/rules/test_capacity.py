@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from hami_mt_webhook.rules.capacity import ClusterView, NodeReport, report
+from hami_mt_webhook.rules.capacity import ClusterView, NodeReport, OncePerNode, report
 from hami_mt_webhook.rules.config import Config
 
 CFG = Config()
@@ -127,3 +127,21 @@ def test_holding_narrows_to_nodes_that_slice_enough_cards():
 def test_holding_keeps_the_fallback_when_nothing_reports():
     fallback = ClusterView().candidates({}, Config(memory_per_card=(96, 160)))
     assert fallback.holding(4) is fallback
+
+
+def test_a_warning_is_logged_once_per_node_until_it_changes_or_is_forgotten(caplog):
+    log = logging.getLogger("tests.once")
+    once = OncePerNode(log, limit=2)
+    with caplog.at_level(logging.WARNING, logger="tests.once"):
+        for message in ("odd", "odd", "odder", "odder"):
+            once.warn("a", message)
+        once.forget("a")
+        once.warn("a", "odder")
+        once.warn("b", "odd")
+        once.keep({"b"})
+        assert len(once) == 1
+        once.warn("b", "odd")
+        once.warn("c", "odd")
+        once.warn("d", "odd")  # past the limit everything is forgotten
+        once.warn("b", "odd")
+    assert [r.getMessage() for r in caplog.records] == ["odd", "odder", "odder", "odd", "odd", "odd", "odd"]

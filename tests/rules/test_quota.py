@@ -1,4 +1,5 @@
-"""SPEC.md §4.9: a namespace quota on `limits.` slice keys, which Kubernetes does not enforce, is named at admission."""
+"""SPEC.md §4.9: a namespace quota on `limits.` slice keys, which Kubernetes does not enforce, is named at
+admission."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.config import Config
-from hami_mt_webhook.rules.quota import QuotaIndex, asks_for_slices, limits_only_keys, unenforced_keys, warnings
+from hami_mt_webhook.rules.quota import QuotaIndex, limits_only_keys, unenforced_keys, warnings
 from tests.builders import CORE, MEMORY, VGPU, WHOLE, container, make_pod, nodes_view, review_body
 
 CONFIG = Config()
@@ -22,7 +23,7 @@ def test_only_limits_keys_on_slice_resources_are_unenforced():
     q = hard(**{f"limits.{MEMORY}": "320", f"limits.{WHOLE}": "2",
                 "limits.cpu": "8", f"limits.{CORE}": "32", f"limits.{VGPU}": "4", "pods": "10"})
     assert unenforced_keys(q, CONFIG) == {f"limits.{MEMORY}", f"limits.{CORE}", f"limits.{VGPU}"}
-    # A `requests.` twin (or the bare name) is enforced and counts the same: the `limits.` key then loses nothing.
+    # A `requests.` twin (or the bare name) is enforced and counts the same: the `limits.` key loses nothing.
     q["spec"]["hard"].update({f"requests.{MEMORY}": "320", CORE: "32"})
     assert unenforced_keys(q, CONFIG) == {f"limits.{VGPU}"}
 
@@ -43,8 +44,8 @@ def test_a_slice_pod_is_told_which_requests_key_to_write():
     pod = make_pod(container(limits={VGPU: 1}))
     found = warnings(pod, {"gpu-quota": frozenset({f"limits.{MEMORY}", f"limits.{CORE}"})}, CONFIG)
     assert found == [
-        f"ResourceQuota 'gpu-quota' sets limits.{CORE}, which is not enforced by Kubernetes: write requests.{CORE} "
-        "(slice pods' requests equal their limits, so it counts the same)",
+        f"ResourceQuota 'gpu-quota' sets limits.{CORE}, which is not enforced by Kubernetes: write "
+        f"requests.{CORE} (slice pods' requests equal their limits, so it counts the same)",
         f"ResourceQuota 'gpu-quota' sets limits.{MEMORY}, which is not enforced by Kubernetes: write "
         f"requests.{MEMORY} (slice pods' requests equal their limits, so it counts the same)",
     ]
@@ -55,13 +56,6 @@ def test_pods_without_slices_and_namespaces_without_such_quotas_get_nothing():
     assert warnings(make_pod(container(limits={WHOLE: 1})), keys, CONFIG) == []
     assert warnings(make_pod(container(limits={"cpu": "1"})), keys, CONFIG) == []
     assert warnings(make_pod(container(limits={VGPU: 1})), {}, CONFIG) == []
-
-
-def test_slices_in_requests_or_init_containers_count():
-    assert asks_for_slices(make_pod(container(requests={MEMORY: 8}), defaults=False), CONFIG)
-    assert asks_for_slices(make_pod(container(), initContainers=[container("init", limits={VGPU: 1})]), CONFIG)
-    assert not asks_for_slices({"spec": {"containers": "x"}}, CONFIG)
-    assert not asks_for_slices(None, CONFIG)
 
 
 def test_index_keeps_only_quotas_with_keys_and_forgets_them():
@@ -134,8 +128,8 @@ def test_lists_limits_keys_of_slice_resources_without_a_requests_twin(hard, expe
 
 def test_follows_renamed_resources():
     config = Config(memory="example.com/slice-memory")
-    assert limits_only_keys(named_quota(**{"limits.example.com/slice-memory": "8", f"limits.{MEMORY}": "8"}), config) \
-        == ["limits.example.com/slice-memory"]
+    quota = named_quota(**{"limits.example.com/slice-memory": "8", f"limits.{MEMORY}": "8"})
+    assert limits_only_keys(quota, config) == ["limits.example.com/slice-memory"]
 
 
 @pytest.mark.parametrize("odd", [{}, {"spec": None}, {"spec": {"hard": None}}, {"spec": {"hard": ["x"]}}, []])

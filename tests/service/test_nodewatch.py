@@ -32,7 +32,8 @@ CONFIG = Config()
 
 
 def node(name: str, cards: int = 8, per_card: int = 160, rv: str = "1", **labels: str) -> dict:
-    return {"metadata": {"name": name, "resourceVersion": rv, "labels": {"kubernetes.io/hostname": name, **labels}},
+    labels = {"kubernetes.io/hostname": name, **labels}
+    return {"metadata": {"name": name, "resourceVersion": rv, "labels": labels},
             "status": {"capacity": {"mthreads.com/sgpu-core": str(16 * cards),
                                     "mthreads.com/sgpu-memory": str(per_card * cards)}}}
 
@@ -126,14 +127,15 @@ def test_an_overcommitted_node_is_logged_once_and_counted(feed, caplog):
     feed.line(bookmark("22", end=True))
     logged = [r.getMessage() for r in caplog.records if "not a known card size" in r.getMessage()]
     assert [m.split(":")[0] for m in logged] == ["node oc", "node oc2"]
-    assert "176 units of mthreads.com/sgpu-memory per sliced card" in logged[0] and "overcommit_ratio" in logged[0]
+    assert "176 units of mthreads.com/sgpu-memory per sliced card" in logged[0]
+    assert "overcommit_ratio" in logged[0]
     assert nonstandard(feed) == 2
     # A changed capacity is news; back to a card size, then deleted: the count follows.
     feed.line(event("MODIFIED", node("oc", per_card=192, rv="23")))
     feed.line(event("MODIFIED", node("oc2", cards=4, per_card=160, rv="24")))
     feed.line(event("DELETED", node("oc", per_card=192, rv="25")))
     assert len([r for r in caplog.records if "not a known card size" in r.getMessage()]) == 3
-    assert nonstandard(feed) == 0 and feed.noted == {}
+    assert nonstandard(feed) == 0 and len(feed.noted) == 0
 
 
 def test_a_configured_memory_per_card_is_a_known_size(caplog):
