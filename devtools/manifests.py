@@ -24,7 +24,7 @@ from hami_mt_webhook.admission.configurations import (
     dump,
     with_ca_bundle,
 )
-from hami_mt_webhook.rules.workloads import LIST, MAP, Kind, steps
+from hami_mt_webhook.rules.templates import LIST, MAP, Kind, steps
 
 __all__ = ["WEBHOOK_KINDS", "Manifest", "dump", "with_ca_bundle", "load", "base_dir", "local_overlay"]
 
@@ -115,7 +115,7 @@ def local_overlay(dest: Path, url: str, ca_pem: bytes) -> Path:
 
 
 def template_condition(kinds: Iterable[Kind], pod_condition: str) -> str:
-    """The workload webhook's matchConditions expression for `kinds`, generated from `rules.workloads.KINDS`.
+    """The workload webhook's matchConditions expression for `kinds`, generated from `rules.templates.KINDS`.
 
     Every pod template the kinds keep is gathered into one list, each step read under `has()` (a missing
     field is an error in CEL), and `pod_condition` (the pod webhooks' expression) is asked of each template

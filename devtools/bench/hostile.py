@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from devtools import hostile, procs
+from devtools import attacks, procs
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, table
 from devtools.bench.servers import Pinning, Server, webhook_tree
@@ -42,7 +42,7 @@ class Flooder:
     """One `hostile` flood in its own process, pinned beside the load generator."""
 
     def __init__(self, kind: str, count: int, port: int, cafile: Path, pin: list[str], log: Path) -> None:
-        cmd = [*pin, sys.executable, "-m", "devtools.hostile", kind, "--port", str(port),
+        cmd = [*pin, sys.executable, "-m", "devtools.attacks", kind, "--port", str(port),
                "--count", str(count), "--cafile", str(cafile)]
         self.proc = procs.spawn(cmd, log, pipe=True, cwd=REPO_ROOT, mode="wb")
 
@@ -93,12 +93,12 @@ async def _during(port: int, health_port: int, cafile: Path, body: bytes, review
 
     async def probing() -> None:
         while not done.is_set():
-            probes.append(await hostile.probe(health_port))
+            probes.append(await attacks.probe(health_port))
             await asyncio.sleep(0.25)
 
     prober = asyncio.create_task(probing())
     for _ in range(reviews):
-        answers.append(await hostile.fresh_review(port, str(cafile), body))
+        answers.append(await attacks.fresh_review(port, str(cafile), body))
         await asyncio.sleep(spacing)
     done.set()
     await prober
@@ -177,31 +177,31 @@ def _odd_requests(layout: certs.Layout, workdir: Path, pin: Pinning,
             return review_body(obj)
 
         async def go() -> None:
-            gz = hostile.post(PATH, review_body(pod("slice")), close=True, extra="Content-Encoding: gzip\r\n")
+            gz = attacks.post(PATH, review_body(pod("slice")), close=True, extra="Content-Encoding: gzip\r\n")
             reader, writer = await asyncio.open_connection("127.0.0.1", srv.port,
-                                                           ssl=hostile.client_context(ca))
+                                                           ssl=attacks.client_context(ca))
             writer.write(gz)
             try:
-                status, headers, _ = await asyncio.wait_for(hostile.read_answer(reader), 10)
+                status, headers, _ = await asyncio.wait_for(attacks.read_answer(reader), 10)
             except (OSError, TimeoutError, asyncio.IncompleteReadError, ValueError):
                 status, headers = 0, {}
             writer.transport.abort()
             rows.append(["`Content-Encoding: gzip`, plain body", f"HTTP {status}",
                          f"`Server: {headers.get('server', '(none)')}`"])
-            status, answer, _ = await hostile.fresh_review(srv.port, ca, with_value("9" * 2_000_000),
+            status, answer, _ = await attacks.fresh_review(srv.port, ca, with_value("9" * 2_000_000),
                                                            timeout=30)
             size = len(orjson.dumps(answer))
             message = answer.get("response", {}).get("status", {}).get("message", "")
             rows.append(["a 2 MB quantity string", f"HTTP {status}, answer {size:,} bytes",
                          f"denial message {len(message)} characters"])
             for value in ("１", "1_6"):
-                status, answer, _ = await hostile.fresh_review(srv.port, ca, with_value(value))
+                status, answer, _ = await attacks.fresh_review(srv.port, ca, with_value(value))
                 allowed = answer.get("response", {}).get("allowed")
                 rows.append([f"quantity `{value!r}`", f"HTTP {status}",
                              "allowed" if allowed else "denied" if allowed is False else "no answer"])
             idle, kept = await asyncio.gather(
-                hostile.time_to_close(srv.port, ca),
-                hostile.time_to_close(srv.port, ca, hostile.post(PATH, review_body(pod("slice")))))
+                attacks.time_to_close(srv.port, ca),
+                attacks.time_to_close(srv.port, ca, attacks.post(PATH, review_body(pod("slice")))))
             rows.append(["a connection that sends nothing",
                          "closed after " + (f"{idle:.1f} s" if idle else "> 120 s"), ""])
             rows.append(["a kept-alive connection after one review",
@@ -238,7 +238,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                      + ("" if held.held else " (the flood never reached its size)")])
     sec.lines += [
         "Each attack runs against a fresh webhook server (pinned like part 1) from a separate process "
-        "(`python -m devtools.hostile`), which reopens every connection the server closes. Once the "
+        "(`python -m devtools.attacks`), which reopens every connection the server closes. Once the "
         f"flood is up, {opts.hostile_reviews} fresh reviews are sent 0.5 s apart, each on a new connection "
         "as kube-apiserver does after its pooled connections were cut, and `/readyz` is probed every 0.25 s. "
         "A review counts as answered correctly when it comes back HTTP 200 with the expected patch. After "

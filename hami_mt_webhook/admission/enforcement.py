@@ -1,7 +1,7 @@
 """Rollout mode (SPEC.md §4.10): under `warn`, a rule's denial becomes the warning `would deny: <message>`.
 
-The rules always decide as under `deny`; this layer wraps the pod webhooks' steps (admission.pods) and
-rewrites their decisions, and `enforced` chains the wrapped steps with `pods.chain`. For the mutating
+The rules always decide as under `deny`; this layer wraps the pod webhooks' steps (admission.pod_webhooks) and
+rewrites their decisions, and `enforced` chains the wrapped steps with `pod_webhooks.chain`. For the mutating
 webhook a warning alone is not enough: the pod must still be mutated as far as the rules can, so that
 turning `deny` on later changes nothing but the answer for the pods that were warned about. `mutating`
 gets there by asking the step again about a copy of the pod in which each denied part is set aside (a
@@ -26,8 +26,8 @@ from ..rules.config import Config
 from ..rules.decision import Decision, Patch
 from ..rules.shape import GROUPS, asks_for_slices, containers, named, privileged, resources
 from ..rules.slots import rewritten
-from . import pods
-from .pods import Handler, chain, mutate_pods, validate_pods
+from . import pod_webhooks
+from .pod_webhooks import Handler, chain, mutate_pods, validate_pods
 
 __all__ = ["WOULD_DENY", "soften"]
 
@@ -116,7 +116,7 @@ def enforced(request: dict[str, Any], view: ClusterView, config: Config) -> Deci
     """Both pod webhooks for one request, as the API server calls them, under the configured enforcement:
     in rollout mode (`warn`) rule denials are warnings and the pod is still mutated."""
     if config.enforcement != WARN:
-        return pods.mutate_then_validate(request, view, config)
+        return pod_webhooks.mutate_then_validate(request, view, config)
     return _warned_request(request, view, config)
 
 

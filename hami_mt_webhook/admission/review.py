@@ -1,6 +1,6 @@
 """AdmissionReview in, AdmissionReview out: the one seam the server, the CLI and the tests share.
 
-The webhooks table maps each URL path to a handler (admission.pods, admission.workloads), each under the
+The webhooks table maps each URL path to a handler (admission.pod_webhooks, admission.workloads), each under the
 configured enforcement (admission.enforcement); `/warn/<id>` answers under `warn` (SPEC.md §4.10). A
 decision's changes keep tuple paths until `respond` writes them as the response's JSON Patch.
 """
@@ -22,7 +22,7 @@ from ..rules.decision import Decision
 from ..rules.text import quote
 from . import enforcement
 from .enforcement import enforced, enforced_pod
-from .pods import EPHEMERAL, Handler, Rule, decide
+from .pod_webhooks import EPHEMERAL, Handler, Rule, decide
 from .workloads import decide_workload, kind_of, workload_kind
 
 __all__ = ["API_VERSIONS", "EPHEMERAL", "WEBHOOKS", "BadReview", "Handler", "Reply", "Route", "Rule",

@@ -2,7 +2,7 @@
 
 A pod-only webhook accepts a Deployment whose pods it will refuse: the refusal then shows only as
 FailedCreate events on a ReplicaSet. Here the template is turned into the pod a controller would
-create (rules.workloads) and run through both pod webhooks (`pods.mutate_then_validate_pod`), so
+create (rules.templates) and run through both pod webhooks (`pod_webhooks.mutate_then_validate_pod`), so
 `kubectl apply` is denied with the same message, and the changes pod creation will make come back as
 warnings. The workload itself is never patched. Training jobs (a launcher and workers) get each of their
 templates checked.
@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..rules import workloads
+from ..rules import templates
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
 from . import enforcement
-from .pods import mutate_then_validate_pod
+from .pod_webhooks import mutate_then_validate_pod
 
 __all__ = ["check"]
 
@@ -33,14 +33,14 @@ def kind_of(request: dict[str, Any]) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def workload_kind(request: dict[str, Any]) -> workloads.Kind | None:
+def workload_kind(request: dict[str, Any]) -> templates.Kind | None:
     """The workload table's entry for the request: by `request.kind`'s group and kind, else by the
     object's."""
     kind = request.get("kind")
     if isinstance(kind, dict) and isinstance(kind.get("kind"), str):
         group = kind.get("group")
-        return workloads.find(kind["kind"], group if isinstance(group, str) else "")
-    return workloads.of(request.get("object"))
+        return templates.find(kind["kind"], group if isinstance(group, str) else "")
+    return templates.of(request.get("object"))
 
 
 def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
@@ -59,7 +59,7 @@ def decide_workload(request: dict[str, Any], view: ClusterView, config: Config) 
     return enforcement.soften(check(obj, kind, view, config, old=old), config)
 
 
-def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: Config,
+def check(workload: Any, kind: str | templates.Kind, view: ClusterView, config: Config,
           old: Any = None) -> Decision:
     """The validate-workloads answer under `deny`: deny what pod creation would deny, warn what it would
     change.
@@ -70,19 +70,19 @@ def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: 
     A kind with several templates (a training job's launcher and workers) names the template in each
     message; the first template whose pods would be denied decides.
     """
-    entry = workloads.find(kind)
+    entry = templates.find(kind)
     assert entry is not None, kind
-    name = workloads.label(workload, entry)
-    found = list(workloads.templates(workload, entry))
+    name = templates.label(workload, entry)
+    found = list(templates.templates(workload, entry))
     if not found:
-        return Decision.deny(f"{name} has no pod template at {workloads.template_path(entry)}", "malformed",
+        return Decision.deny(f"{name} has no pod template at {templates.template_path(entry)}", "malformed",
                              400, obj=workload)
-    named = len(entry.paths) > 1 or any(workloads.MAP in p or workloads.LIST in p for p in entry.paths)
+    named = len(entry.paths) > 1 or any(templates.MAP in p or templates.LIST in p for p in entry.paths)
     warnings: list[str] = []
     denial: Decision | None = None
     waiting = False
     for where, tpl in found:
-        pod = workloads.pod_of(workload, entry, tpl)
+        pod = templates.pod_of(workload, entry, tpl)
         # a template labelled hami.io/webhook: ignore: validation only
         decision = mutate_then_validate_pod(pod, view, config)
         prefix = f"{name}: {where}" if named else name
@@ -93,7 +93,7 @@ def check(workload: Any, kind: str | workloads.Kind, view: ClusterView, config: 
         if not decision.allowed and denial is None:
             denial = Decision.deny(f"{prefix}: {decision.message}", decision.reason, decision.code,
                                    obj=workload)
-    if old is not None and list(workloads.templates(old, entry)) == found:
+    if old is not None and list(templates.templates(old, entry)) == found:
         if denial is None:
             return Decision(object=workload)
         return Decision(object=workload, warnings=[

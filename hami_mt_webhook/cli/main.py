@@ -126,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "serve":
             return _serve(args)
         if args.command == "review":
-            from .review import run_review
+            from .offline_review import run_review
             return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict,
                               verbose=args.verbose)
         if args.command == "doctor":

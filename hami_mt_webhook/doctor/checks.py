@@ -18,7 +18,7 @@ from .model import (
     endpoint_host,
 )
 from .nodes import capacity, labels, whole_and_sliced
-from .pods import quota, slice_pods
+from .pod_checks import quota, slice_pods
 from .registration import availability, registration
 
 __all__ = ["CHECKS", "VENDOR_COMPONENTS", "Check", "Cluster", "Finding", "Served", "Settings", "endpoint",

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from hami_mt_webhook.admission import review
-from hami_mt_webhook.admission.pods import chain, mutate_pods, mutate_then_validate_pod
+from hami_mt_webhook.admission.pod_webhooks import chain, mutate_pods, mutate_then_validate_pod
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.decision import Decision

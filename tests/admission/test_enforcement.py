@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from hami_mt_webhook.admission import enforcement, review
-from hami_mt_webhook.admission.pods import mutate_pods
+from hami_mt_webhook.admission.pod_webhooks import mutate_pods
 from hami_mt_webhook.admission.workloads import check as check_workload
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS, Config

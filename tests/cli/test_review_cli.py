@@ -15,7 +15,7 @@ import yaml
 
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.cli import main as cli
-from hami_mt_webhook.cli import review as offline
+from hami_mt_webhook.cli import offline_review as offline
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.quantities import whole
 from tests.builders import CORE, MEMORY, SCHEDULER, VGPU, WHOLE, container, decode_patch, make_pod, review_body

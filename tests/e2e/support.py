@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from devtools.controlplane import ControlPlane
-from hami_mt_webhook.rules import workloads
+from hami_mt_webhook.rules import templates
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 IMAGE = "registry.example.com/mthreads/musa-runtime:latest"
@@ -75,7 +75,7 @@ def metric(hook: Any, name: str, /, **labels: str) -> float:
 
 def custom(path: Path) -> bool:
     """An example of a training job, whose CRD test_training.py installs (and checks the example there)."""
-    kind = workloads.of(yaml.safe_load(path.read_text()))
+    kind = templates.of(yaml.safe_load(path.read_text()))
     return kind is not None and not kind.builtin
 
 
@@ -98,7 +98,7 @@ def check_example(controlplane: ControlPlane, ns: str, example: str) -> None:
             assert "ValidatingAdmissionPolicy 'hami-mt-backstop' with binding 'hami-mt-backstop' denied " \
                    f"request: {message}" in r.stderr
             return
-        kind = workloads.of(expected["object"])
+        kind = templates.of(expected["object"])
         hook = "mutate" if kind is None else "validate-workloads" if kind.builtin else "validate-training"
         assert f'admission webhook "{hook}.hami-mt.mthreads.com" denied the request: {message}' in r.stderr
     else:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from devtools.hostile import Flood
+from devtools.attacks import Flood
 
 from .support import CORE, MEMORY, VGPU, apply, metric, pod, resources, stored
 from .traffic import LoopThread

@@ -13,7 +13,7 @@ import yaml
 from devtools import manifests
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.cli import main as cli
-from hami_mt_webhook.rules import workloads
+from hami_mt_webhook.rules import templates
 from tests.manifests.support import (
     CONFIGS,
     HOOKS,
@@ -131,15 +131,15 @@ def test_workload_webhook_configuration(docs: list[dict[str, Any]]) -> None:
     assert "reinvocationPolicy" not in hook
     # Every workload kind the handler reads is routed here, in the group the handler expects.
     routed = {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-    assert routed == {(k.group, k.resource) for k in workloads.KINDS if k.builtin}
+    assert routed == {(k.group, k.resource) for k in templates.KINDS if k.builtin}
     # The training jobs' webhook: the same settings, the rules of the table's custom resources.
     assert {**training, "name": hook["name"], "rules": hook["rules"], "matchConditions": None} == \
         {**hook, "matchConditions": None}
     assert training["name"] == TRAINING[0]
     routed = {(g, v, r) for rule in training["rules"] for g in rule["apiGroups"] for v in rule["apiVersions"]
               for r in rule["resources"]}
-    assert {(k.group, v, k.resource) for k in workloads.KINDS if not k.builtin for v in k.versions} <= routed
-    assert {(g, r) for g, _, r in routed} == {(k.group, k.resource) for k in workloads.KINDS if not k.builtin}
+    assert {(k.group, v, k.resource) for k in templates.KINDS if not k.builtin for v in k.versions} <= routed
+    assert {(g, r) for g, _, r in routed} == {(k.group, k.resource) for k in templates.KINDS if not k.builtin}
     assert all(rule["operations"] == ["CREATE", "UPDATE"] and rule["scope"] == "Namespaced"
                for rule in training["rules"])
 
@@ -368,7 +368,7 @@ def test_warn_registrations_are_the_base_registrations_for_namespaces_in_rollout
 
 
 def test_training_condition_is_generated_from_the_kinds_table(docs) -> None:
-    training = [k for k in workloads.KINDS if not k.builtin]
+    training = [k for k in templates.KINDS if not k.builtin]
     assert workload_condition(docs, 1) == manifests.template_condition(training, match_condition(docs))
 
 

@@ -12,10 +12,10 @@ import pytest
 import yaml
 
 from devtools import manifests
-from hami_mt_webhook.rules import workloads
+from hami_mt_webhook.rules import templates
 from tests.manifests.support import SLICES, WHOLE, match_condition, one, workload_condition
 
-BUILTIN = sorted(k.kind for k in workloads.KINDS if k.builtin)
+BUILTIN = sorted(k.kind for k in templates.KINDS if k.builtin)
 
 
 # --- the expressions as text ----------------------------------------------------------------------------
@@ -130,7 +130,7 @@ def test_match_condition_skips_every_other_pod(docs: list[dict[str, Any]], cel: 
 
 def workload(kind: str, pod_obj: dict[str, Any]) -> dict[str, Any]:
     """A workload of `kind` whose pod template is `pod_obj`'s metadata and spec, where that kind keeps it."""
-    entry = workloads.find(kind)
+    entry = templates.find(kind)
     group, path = entry.group, entry.paths[0].split(".")
     node: dict[str, Any] = {"metadata": {"labels": {"app": "x"}}, "spec": pod_obj["spec"]}
     for key in reversed(path):
@@ -179,25 +179,25 @@ def test_workload_condition_guards_every_step_to_the_template(
 def test_workload_condition_on_the_examples(docs: list[dict[str, Any]], cel: Any) -> None:
     examples = manifests.base_dir().parent / "examples"
     found = [d for f in sorted(examples.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text())
-             if d and workloads.of(d) is not None]
+             if d and templates.of(d) is not None]
     assert {d["kind"] for d in found} >= {"Deployment", "CronJob", "PyTorchJob"}
     for doc in found:
-        index = 0 if workloads.of(doc).builtin else 1  # the built-in kinds' webhook, or the training jobs'
+        index = 0 if templates.of(doc).builtin else 1  # the built-in kinds' webhook, or the training jobs'
         assert cel.evaluate(workload_condition(docs, index), {"object": doc}) is True, doc["metadata"]["name"]
 
 
-def training_job(kind: workloads.Kind, pod_obj: dict[str, Any], where: int = -1) -> dict[str, Any]:
+def training_job(kind: templates.Kind, pod_obj: dict[str, Any], where: int = -1) -> dict[str, Any]:
     """An object of a training kind with `pod_obj`'s spec as the template at its `where`-th path (others
     absent)."""
-    path = workloads.steps(kind.paths[where])
+    path = templates.steps(kind.paths[where])
     node: Any = {"metadata": {"labels": {"app": "x"}}, "spec": pod_obj["spec"]}
     for step in reversed(path):
-        node = ({"Worker": node} if step == workloads.MAP
-                else [{"replicas": 1}, node] if step == workloads.LIST else {step: node})
+        node = ({"Worker": node} if step == templates.MAP
+                else [{"replicas": 1}, node] if step == templates.LIST else {step: node})
     return {"apiVersion": kind.api_versions[-1], "kind": kind.kind, "metadata": {"name": "t"}, **node}
 
 
-TRAINING_KINDS = {f"{k.kind}@{k.group}#{i}": (k, i) for k in workloads.KINDS if not k.builtin
+TRAINING_KINDS = {f"{k.kind}@{k.group}#{i}": (k, i) for k in templates.KINDS if not k.builtin
                   for i in range(len(k.paths))}
 
 
@@ -209,7 +209,7 @@ def test_training_condition_sends_every_template_that_names_a_slice(
     entry, where = TRAINING_KINDS[kind]
     obj = training_job(entry, SENT[case], where)
     assert cel.evaluate(workload_condition(docs, 1), {"object": obj}) is True
-    assert [tpl["spec"] for _, tpl in workloads.templates(obj, entry)] == [SENT[case]["spec"]]
+    assert [tpl["spec"] for _, tpl in templates.templates(obj, entry)] == [SENT[case]["spec"]]
 
 
 @pytest.mark.parametrize("case", sorted(NOT_SENT))

@@ -9,7 +9,7 @@ import ssl
 
 import pytest
 
-from devtools import hostile
+from devtools import attacks
 from hami_mt_webhook.service.listener import Limits
 from tests.builders import container, make_pod, review_body
 
@@ -124,7 +124,7 @@ async def test_unfinished_handshakes_count_and_a_new_caller_is_still_served(serv
         silent = [await raw_connect(running) for _ in range(2)]
         half = [await raw_connect(running) for _ in range(2)]
         for _, w in half:
-            w.write(hostile.client_hello()[:40])  # half a ClientHello: the handshake starts, never ends
+            w.write(attacks.client_hello()[:40])  # half a ClientHello: the handshake starts, never ends
         await eventually(lambda: listener.phases()["handshake"] == 2 and listener.phases()["silent"] == 2)
         assert listener.connections == 4
         assert b"200 OK" in await roundtrip(running)  # room is made: the oldest silent connection goes
@@ -132,10 +132,10 @@ async def test_unfinished_handshakes_count_and_a_new_caller_is_still_served(serv
         assert await asyncio.wait_for(silent[0][0].read(), 3) == b""
         silent[1][1].close()
         more = await raw_connect(running)  # at the cap again, with handshakes only
-        more[1].write(hostile.client_hello()[:40])
+        more[1].write(attacks.client_hello()[:40])
         await eventually(lambda: listener.phases()["handshake"] == 3 and listener.connections == 3)
         last = await raw_connect(running)
-        last[1].write(hostile.client_hello()[:40])
+        last[1].write(attacks.client_hello()[:40])
         await eventually(lambda: listener.connections == 4)
         assert b"200 OK" in await roundtrip(running)
         assert listener.closed["shed-handshake"] == 1
@@ -202,11 +202,11 @@ async def test_a_kept_alive_connection_whose_next_request_waits_unread_is_served
         listener = running.server.listener
         kept, kept_w = await connect(running)
         kept_w.write(request_bytes(good_body()))
-        assert (await hostile.read_answer(kept))[0] == 200
+        assert (await attacks.read_answer(kept))[0] == 200
         await eventually(lambda: listener.phases()["idle"] == 1)
         kept_w.write(request_bytes(good_body()))  # in the server's socket at once (loopback), not yet read
         listener.close_expired(asyncio.get_running_loop().time() + 5.5)  # past the deadline, before the read
-        assert (await asyncio.wait_for(hostile.read_answer(kept), 5))[0] == 200
+        assert (await asyncio.wait_for(attacks.read_answer(kept), 5))[0] == 200
         assert listener.closed["deadline-idle"] == 0
         # Without a request waiting, the same check closes it.
         await eventually(lambda: listener.phases()["idle"] == 1)
@@ -222,7 +222,7 @@ async def test_making_room_spares_a_long_kept_alive_connection_that_has_begun_a_
         listener = running.server.listener
         kept, kept_w = await connect(running)
         kept_w.write(request_bytes(good_body()))
-        assert (await hostile.read_answer(kept))[0] == 200
+        assert (await attacks.read_answer(kept))[0] == 200
         others = [await connect(running) for _ in range(2)]  # handshaken, never a request
         await eventually(lambda: listener.phases()["new"] == 2)
         whole = request_bytes(good_body())
@@ -231,7 +231,7 @@ async def test_making_room_spares_a_long_kept_alive_connection_that_has_begun_a_
         _, newcomer = await raw_connect(running)  # the listener is full: someone makes room
         await eventually(lambda: listener.closed["shed-new"] == 1)
         kept_w.write(whole[40:])
-        assert (await asyncio.wait_for(hostile.read_answer(kept), 5))[0] == 200
+        assert (await asyncio.wait_for(attacks.read_answer(kept), 5))[0] == 200
         assert listener.closed["shed-reading"] == 0
         for _, w in others:
             w.close()
@@ -242,7 +242,7 @@ async def test_making_room_spares_a_long_kept_alive_connection_that_has_begun_a_
 async def test_a_handshake_that_never_finishes_is_cut_at_its_deadline(serve_webhook):
     async with serve_webhook(limits=Limits(handshake_timeout=0.3)) as running:
         reader, writer = await raw_connect(running)
-        writer.write(hostile.client_hello()[:40])
+        writer.write(attacks.client_hello()[:40])
         _, silent = await raw_connect(running)
         assert await asyncio.wait_for(reader.read(), 5) == b""
         await eventually(lambda: running.server.listener.connections == 0)
@@ -350,7 +350,7 @@ async def test_handshakes_under_way_are_bounded_and_the_oldest_gives_way(serve_w
         half = []
         for _ in range(3):
             half.append(await raw_connect(running))
-            half[-1][1].write(hostile.client_hello()[:40])
+            half[-1][1].write(attacks.client_hello()[:40])
             await asyncio.sleep(0.05)
         await eventually(lambda: listener.closed["shed-handshake"] == 1)
         assert listener.phases()["handshake"] == 2

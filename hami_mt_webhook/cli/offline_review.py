@@ -1,7 +1,7 @@
 """`hami-mt-webhook review`: the webhooks' answers for manifests, without a cluster (SPEC.md §7).
 
 Pods get both pod webhooks; workloads (Deployment, StatefulSet, DaemonSet, ReplicaSet, ReplicationController,
-Job, CronJob) and training jobs (Kubeflow, Ray, LeaderWorkerSet, JobSet, Volcano; `rules.workloads.KINDS`) get
+Job, CronJob) and training jobs (Kubeflow, Ray, LeaderWorkerSet, JobSet, Volcano; `rules.templates.KINDS`) get
 validate-workloads, which judges their pod templates and never patches them. Objects of
 other kinds are skipped and listed as skipped, so whole `kubectl kustomize` or `helm template` output can be
 piped in; `--strict` makes them an error.
@@ -20,7 +20,7 @@ import yaml
 from ..admission import review
 from ..admission.enforcement import soften
 from ..admission.workloads import check as check_workload
-from ..rules import workloads
+from ..rules import templates
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
@@ -65,10 +65,10 @@ def read_documents(files: Iterable[str], stdin: TextIO | None = None) -> list[tu
     return out
 
 
-WORKLOADS = ", ".join(dict.fromkeys(k.kind for k in workloads.KINDS if k.builtin))
-TRAINING = ", ".join(dict.fromkeys(k.kind if k.kind != "Job" else "Volcano Job" for k in workloads.KINDS
+WORKLOADS = ", ".join(dict.fromkeys(k.kind for k in templates.KINDS if k.builtin))
+TRAINING = ", ".join(dict.fromkeys(k.kind if k.kind != "Job" else "Volcano Job" for k in templates.KINDS
                                    if not k.builtin))
-LISTS = ("List", "PodList", *(f"{kind.kind}List" for kind in workloads.KINDS))
+LISTS = ("List", "PodList", *(f"{kind.kind}List" for kind in templates.KINDS))
 
 
 def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
@@ -90,10 +90,10 @@ def items(documents: Iterable[tuple[str, Any]]) -> list[Item]:
                              "kind: Deployment, ...) as kubectl needs it too")
         elif kind in ("Pod", "AdmissionReview"):
             out.append(Item(source, doc))
-        elif (entry := workloads.of(doc)) is not None:
-            if workloads.template(doc, entry) is None:
-                raise InputError(f"{source}: {workloads.label(doc, entry)} has no pod template at "
-                                 f"{workloads.template_path(entry)}")
+        elif (entry := templates.of(doc)) is not None:
+            if templates.template(doc, entry) is None:
+                raise InputError(f"{source}: {templates.label(doc, entry)} has no pod template at "
+                                 f"{templates.template_path(entry)}")
             out.append(Item(source, doc))
         else:
             out.append(Item(source, doc, skipped=True))
@@ -133,7 +133,7 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
         except review.BadReview as err:
             raise InputError(f"{item.source}: {err}") from None
         return out, decision.allowed
-    kind = workloads.of(item.doc)
+    kind = templates.of(item.doc)
     if kind is not None:  # what validate-workloads answers when the workload is created
         decision = soften(check_workload(item.doc, kind, view, config), config)
     else:
@@ -164,9 +164,9 @@ def pod_spec(item: Item) -> dict[str, Any] | None:
     if doc.get("kind") == "AdmissionReview":
         request = doc.get("request")
         doc = request.get("object") if isinstance(request, dict) else None
-    entry = workloads.of(doc)
+    entry = templates.of(doc)
     if entry is not None:
-        doc = workloads.template(doc, entry)
+        doc = templates.template(doc, entry)
     spec = doc.get("spec") if isinstance(doc, dict) else None
     return spec if isinstance(spec, dict) else None
 

@@ -4,7 +4,7 @@ Used by `make bench` (the "hostile clients" part) and by the end-to-end test tha
 through kube-apiserver while a flood is held. A flood holds its connections open and opens a new one
 whenever the server closes one, so the pressure lasts as long as the flood runs. Only 127.0.0.1.
 
-    python -m devtools.hostile idle --port 8443 --count 600   # until SIGTERM or --seconds
+    python -m devtools.attacks idle --port 8443 --count 600   # until SIGTERM or --seconds
 
 Kinds: idle (TLS done, nothing sent), slow-read (a whole review sent, the answer never read),
 silent (TCP only), half-hello (half a TLS ClientHello), big (reviews of `--body-mib` MiB in a loop).
@@ -215,7 +215,7 @@ async def time_to_close(port: int, cafile: str, first: bytes = b"", timeout: flo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one flood until SIGTERM or `--seconds`; print `holding` once it is up, then its counts as JSON."""
-    p = argparse.ArgumentParser(prog="python -m devtools.hostile", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m devtools.attacks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", choices=KINDS)
     p.add_argument("--port", type=int, required=True)

@@ -11,16 +11,16 @@ import pytest
 import yaml
 
 from hami_mt_webhook.admission import review
-from hami_mt_webhook.admission.pods import mutate_then_validate_pod
+from hami_mt_webhook.admission.pod_webhooks import mutate_then_validate_pod
 from hami_mt_webhook.admission.workloads import check
 from hami_mt_webhook.cli import main as cli
-from hami_mt_webhook.rules import workloads
+from hami_mt_webhook.rules import templates
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from tests.builders import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, container, nodes_view
 
 CONFIG = Config()
-KINDS = sorted(k.kind for k in workloads.KINDS if k.builtin)
+KINDS = sorted(k.kind for k in templates.KINDS if k.builtin)
 
 
 def template_spec(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def template_spec(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
 def workload(kind: str, spec: dict[str, Any], name: str = "train", namespace: str | None = "ml",
              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A workload of `kind` as a user writes it: the pod template where that kind keeps it, nothing defaulted."""
-    entry = workloads.find(kind)
+    entry = templates.find(kind)
     group, path = entry.group, entry.paths[0].split(".")
     meta: dict[str, Any] = {"labels": {"app": name, **(labels or {})}}
     if annotations:
@@ -48,7 +48,7 @@ def request(obj: Any, operation: str = "CREATE", old: Any = None, kind: str | No
             sub_resource: str | None = None) -> dict[str, Any]:
     """An AdmissionReview for validate-workloads, shaped like kube-apiserver's."""
     kind = kind or obj["kind"]
-    entry = workloads.find(kind)
+    entry = templates.find(kind)
     group = entry.group if entry else ""
     req: dict[str, Any] = {
         "uid": "4f1c7a2e-0000-4000-8000-000000000001",
@@ -75,37 +75,37 @@ def handle(body: dict[str, Any], view: ClusterView | None = None) -> dict[str, A
 def test_template_is_found_where_each_kind_keeps_it(kind):
     spec = template_spec()
     obj = workload(kind, spec)
-    assert workloads.template(obj, kind) == {"metadata": {"labels": {"app": "train"}}, "spec": spec}
+    assert templates.template(obj, kind) == {"metadata": {"labels": {"app": "train"}}, "spec": spec}
     expected = "spec.jobTemplate.spec.template" if kind == "CronJob" else "spec.template"
-    assert workloads.template_path(kind) == expected
+    assert templates.template_path(kind) == expected
 
 
 @pytest.mark.parametrize("obj", [None, [], {}, {"spec": None}, {"spec": {"template": "x"}},
                                  {"spec": {"jobTemplate": {"spec": []}}}])
 @pytest.mark.parametrize("kind", ["Deployment", "CronJob"])
 def test_missing_template_is_none_and_a_400_denial(obj, kind):
-    assert workloads.template(obj, kind) is None
+    assert templates.template(obj, kind) is None
     decision = check(obj, kind, nodes_view(), CONFIG)
     assert not decision.allowed and decision.code == 400 and decision.reason == "malformed"
-    assert f"has no pod template at {workloads.template_path(kind)}" in decision.message
+    assert f"has no pod template at {templates.template_path(kind)}" in decision.message
 
 
 def test_pod_of_defaults_the_scheduler_and_takes_the_namespace_and_template_metadata():
     obj = workload("Deployment", template_spec(), annotations={"team": "a"})
-    pod = workloads.pod_of(obj, "Deployment")
+    pod = templates.pod_of(obj, "Deployment")
     assert pod == {"apiVersion": "v1", "kind": "Pod",
                    "metadata": {"labels": {"app": "train"}, "annotations": {"team": "a"}, "namespace": "ml"},
                    "spec": {**template_spec(), "schedulerName": "default-scheduler"}}
     named = workload("Job", template_spec(schedulerName="volcano"), namespace=None)
-    pod = workloads.pod_of(named, "Job")
+    pod = templates.pod_of(named, "Job")
     assert pod is not None
     assert pod["spec"]["schedulerName"] == "volcano" and "namespace" not in pod["metadata"]
 
 
 def test_label_names_the_workload():
-    assert workloads.label(workload("CronJob", template_spec(), name="nightly"), "CronJob") == 'CronJob "nightly"'
-    assert workloads.label({"metadata": {"generateName": "batch-"}}, "Job") == 'Job "batch-"'
-    assert workloads.label({}, "Job") == "Job"
+    assert templates.label(workload("CronJob", template_spec(), name="nightly"), "CronJob") == 'CronJob "nightly"'
+    assert templates.label({"metadata": {"generateName": "batch-"}}, "Job") == 'Job "batch-"'
+    assert templates.label({}, "Job") == "Job"
 
 
 # --- the verdict is the pod's verdict ------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def _workload_for(case: str, kind: str) -> dict[str, Any]:
 def test_verdict_and_warnings_are_the_pods_named_after_the_workload(case, kind):
     obj = _workload_for(case, kind)
     before = copy.deepcopy(obj)
-    pod = workloads.pod_of(obj, kind)
+    pod = templates.pod_of(obj, kind)
     expected = mutate_then_validate_pod(pod, nodes_view(), CONFIG)
     decision = check(obj, kind, nodes_view(), CONFIG)
     assert obj == before, "the workload must not be changed"
@@ -338,7 +338,7 @@ def run(capsys, *args: str) -> tuple[int, list[dict[str, Any]], str]:
 
 
 def write(tmp_path: Path, *docs: Any) -> str:
-    path = tmp_path / "workloads.yaml"
+    path = tmp_path / "templates.yaml"
     path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
     return str(path)
 
@@ -444,7 +444,7 @@ JOBS: dict[str, tuple[dict[str, Any], str]] = {
 @pytest.mark.parametrize("case", sorted(JOBS))
 def test_training_job_is_denied_naming_the_template_whose_pods_would_be(case):
     obj, where = JOBS[case]
-    kind = workloads.of(obj)
+    kind = templates.of(obj)
     assert kind is not None and not kind.builtin
     decision = check(obj, kind, nodes_view(), CONFIG)
     assert not decision.allowed and decision.code == 403 and decision.reason == "core-without-memory"
@@ -463,12 +463,12 @@ def test_training_job_is_denied_naming_the_template_whose_pods_would_be(case):
 @pytest.mark.parametrize("case", sorted(JOBS))
 def test_training_job_with_good_templates_is_allowed_with_the_pods_warnings(case):
     obj = copy.deepcopy(JOBS[case][0])
-    for _, tpl in workloads.templates(obj, workloads.of(obj)):
+    for _, tpl in templates.templates(obj, templates.of(obj)):
         tpl.clear()
         tpl.update(copy.deepcopy(GOOD))
-    decision = check(obj, workloads.of(obj), nodes_view(), CONFIG)
+    decision = check(obj, templates.of(obj), nodes_view(), CONFIG)
     assert decision.allowed and decision.patch == []
-    found = list(workloads.templates(obj, workloads.of(obj)))
+    found = list(templates.templates(obj, templates.of(obj)))
     assert found and len(decision.warnings) == 0  # a valid slice needs no change
 
 
@@ -489,9 +489,9 @@ def test_volcano_job_level_scheduler_is_applied_to_its_templates():
     whole = pod_template(container(limits={VGPU: 1}))
     job = training("Job", "batch.volcano.sh", {"schedulerName": "volcano", "tasks": [{"name": "w", "template": whole}]},
                    "v1alpha1")
-    kind = workloads.of(job)
+    kind = templates.of(job)
     assert kind is not None and kind.scheduler == "spec.schedulerName"
-    pod = workloads.pod_of(job, kind)
+    pod = templates.pod_of(job, kind)
     assert pod is not None and pod["spec"]["schedulerName"] == "volcano"
     decision = check(job, kind, nodes_view(), CONFIG)
     assert decision.allowed and decision.warnings == [
@@ -499,19 +499,19 @@ def test_volcano_job_level_scheduler_is_applied_to_its_templates():
         "and HAMi accounts for sGPU slices only on hami-scheduler"]
     own = pod_template(container(limits={VGPU: 1}), schedulerName="default-scheduler")
     job["spec"]["tasks"][0]["template"] = own  # the template's own scheduler wins, as in Volcano's controller
-    assert workloads.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
+    assert templates.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
     del job["spec"]["schedulerName"]
     job["spec"]["tasks"][0]["template"] = whole
-    assert workloads.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
+    assert templates.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
     # the built-in Job of the same name has no job-level scheduler
-    assert workloads.find("Job").group == "batch" and workloads.find("Job").scheduler is None
+    assert templates.find("Job").group == "batch" and templates.find("Job").scheduler is None
 
 
 def test_volcano_job_with_a_mixed_container_is_denied_whatever_its_scheduler():
     mixed = pod_template(container(limits={VGPU: 1, WHOLE: 1}))
     job = training("Job", "batch.volcano.sh", {"schedulerName": "volcano", "tasks": [{"name": "w", "template": mixed}]},
                    "v1alpha1")
-    decision = check(job, workloads.of(job), nodes_view(), CONFIG)
+    decision = check(job, templates.of(job), nodes_view(), CONFIG)
     assert not decision.allowed and decision.reason == "mixing"
 
 
@@ -534,13 +534,13 @@ def test_training_job_without_templates_is_a_400(spec):
 
 
 def test_kind_table_lookups():
-    assert workloads.find("Job", "batch.volcano.sh").paths == ("spec.tasks[*].template",)
-    assert workloads.find("Job", "batch").paths == ("spec.template",)
-    assert workloads.find("MPIJob", "kubeflow.org").versions == ("v1", "v2beta1")
-    assert workloads.find("Job", "example.com") is None
-    assert workloads.of({"apiVersion": "ray.io/v1", "kind": "RayJob"}).resource == "rayjobs"
-    assert workloads.of({"apiVersion": "v1", "kind": "ReplicationController"}).builtin
-    assert workloads.of({"kind": 3}) is None and workloads.of(None) is None
-    assert workloads.steps("spec.workerGroupSpecs[*].template") == ["spec", "workerGroupSpecs", "[*]", "template"]
-    assert workloads.steps("spec.pytorchReplicaSpecs.*.template") == ["spec", "pytorchReplicaSpecs", ".*", "template"]
-    assert workloads.template_path("RayCluster") == "spec.headGroupSpec.template and spec.workerGroupSpecs[*].template"
+    assert templates.find("Job", "batch.volcano.sh").paths == ("spec.tasks[*].template",)
+    assert templates.find("Job", "batch").paths == ("spec.template",)
+    assert templates.find("MPIJob", "kubeflow.org").versions == ("v1", "v2beta1")
+    assert templates.find("Job", "example.com") is None
+    assert templates.of({"apiVersion": "ray.io/v1", "kind": "RayJob"}).resource == "rayjobs"
+    assert templates.of({"apiVersion": "v1", "kind": "ReplicationController"}).builtin
+    assert templates.of({"kind": 3}) is None and templates.of(None) is None
+    assert templates.steps("spec.workerGroupSpecs[*].template") == ["spec", "workerGroupSpecs", "[*]", "template"]
+    assert templates.steps("spec.pytorchReplicaSpecs.*.template") == ["spec", "pytorchReplicaSpecs", ".*", "template"]
+    assert templates.template_path("RayCluster") == "spec.headGroupSpec.template and spec.workerGroupSpecs[*].template"
