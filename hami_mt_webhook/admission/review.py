@@ -1,8 +1,8 @@
 """AdmissionReview in, AdmissionReview out: the one seam the server, the CLI and the tests share.
 
-The webhooks table maps each URL path to a handler (admission.pod_webhooks, admission.workloads), each under the
-configured enforcement (admission.enforcement); `/warn/<id>` answers under `warn` (SPEC.md §4.10). A
-decision's changes keep tuple paths until `respond` writes them as the response's JSON Patch.
+The webhooks table maps each URL path to a handler (admission.pod_webhooks, admission.workloads), each
+under the configured enforcement (admission.enforcement); `/warn/<id>` answers under `warn` (SPEC.md
+§4.10). A decision's changes keep tuple paths until `respond` writes them as the response's JSON Patch.
 """
 
 from __future__ import annotations
