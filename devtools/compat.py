@@ -1,6 +1,6 @@
-"""`make compat`: the end-to-end tier on every Kubernetes minor from the floor to the newest, one after another,
-and a table of what each gave. Not part of CI (a cold machine builds a control plane per minor, minutes each);
-`--write` puts the table into docs/compatibility.md between its markers.
+"""`make compat`: the end-to-end tier on every Kubernetes minor from the floor to the newest, one after
+another, and a table of what each gave. Not part of CI (a cold machine builds a control plane per minor,
+minutes each); `--write` puts the table into docs/compatibility.md between its markers.
 
     python -m devtools.compat [--versions 1.33,1.35] [--write] [-- pytest arguments]
 """
@@ -64,7 +64,7 @@ def run_one(minor: str, pytest_args: list[str]) -> Outcome:
         return outcome
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "e2e", "-rfEs", "-p",
                            "no:cacheprovider", *pytest_args],
-                          cwd=REPO_ROOT, env={**_environ(), VERSION_ENV: minor},
+                          cwd=REPO_ROOT, env={**_environ(), VERSION_ENV: minor, "COLUMNS": "400"},
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     outcome.minutes = (time.monotonic() - started) / 60
     for line in proc.stdout.splitlines():
@@ -97,7 +97,8 @@ def write(doc: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.compat", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.compat",
+                                     description="The end-to-end tier on every Kubernetes minor, and a table.")
     parser.add_argument("--versions", help="comma-separated minors or versions (default: floor to newest)")
     parser.add_argument("--write", action="store_true",
                         help=f"put the table into {DOC.relative_to(REPO_ROOT)}")
