@@ -106,7 +106,14 @@ case $want in
     if [[ -n $pin_version && ( $want =~ ^v?1\.[0-9]+$ || v${want#v} == "$pin_version" ) ]]; then
       mod_dir="$pins_dir/$minor"
     else
-      version=$(resolve "$want")
+      # A minor already written into the cache is taken as it is, without asking the module proxy again
+      # (a later patch: ask for it exactly, KUBE_VERSION=1.MINOR.PATCH).
+      cached=""
+      if [[ $want =~ ^v?1\.[0-9]+$ ]]; then
+        cached=$(cd "$cache_root/controlplane/modules" 2>/dev/null && ls -d "$minor".*/go.sum 2>/dev/null \
+                 | cut -d/ -f1 | sort -V | tail -1 || true)
+      fi
+      version=${cached:-$(resolve "$want")}
       mod_dir="$cache_root/controlplane/modules/$version"
       # A module proxy may lack some release's staging modules: for a minor asked for as such, older patches
       # are tried (the newest one whose modules are all served is built), up to five.
