@@ -4,6 +4,7 @@ for the Kubernetes version `$HAMI_MT_KUBE_VERSION` names (the newest pinned one 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import subprocess
@@ -53,8 +54,9 @@ def binaries(version: str | None = None) -> Path:
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     for line in proc.stderr:  # stdout carries one line only, so reading it afterwards cannot block
         tail.append(line)
-        sys.stderr.write(line)
-        sys.stderr.flush()
+        with contextlib.suppress(OSError):  # a closed terminal or pipe must not end the build
+            sys.stderr.write(line)
+            sys.stderr.flush()
     out = proc.stdout.read().strip()
     if proc.wait() != 0 or not out:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit status {proc.returncode}:\n{''.join(tail)}")
