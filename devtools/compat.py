@@ -39,8 +39,6 @@ class Outcome:
         c = self.counts
         failed = sum(c.get(k, 0) for k in ("failed", "error", "errors"))
         notes = "; ".join(self.problems) or "all passed"
-        if self.skipped:
-            notes += "; skipped: " + "; ".join(self.skipped)
         return (f"| {self.server or self.minor} | {c.get('passed', 0)} | {failed} | {c.get('skipped', 0)} | "
                 f"{self.minutes:.1f} | {notes} |")
 
@@ -85,7 +83,9 @@ def _environ() -> dict[str, str]:
 
 def table(outcomes: list[Outcome]) -> str:
     head = ["| Kubernetes | passed | failed | skipped | minutes | notes |", "|---|---|---|---|---|---|"]
-    return "\n".join(head + [o.row() for o in outcomes])
+    skipped = sorted({reason for o in outcomes for reason in o.skipped})
+    tail = ["", "Skipped: " + "; ".join(skipped) + "."] if skipped else []
+    return "\n".join(head + [o.row() for o in outcomes] + tail)
 
 
 def write(doc: Path, text: str) -> None:

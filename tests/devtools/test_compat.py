@@ -67,3 +67,11 @@ def test_the_table_goes_between_the_markers_and_nowhere_else(tmp_path: Path):
     (tmp_path / "bare.md").write_text("# no markers\n")
     with pytest.raises(SystemExit, match="lacks the markers"):
         compat.write(tmp_path / "bare.md", "| x |")
+
+
+def test_the_table_names_each_skip_reason_once_below_the_rows():
+    a, b = compat.Outcome("1.30", "v1.30.14", {"passed": 3}), compat.Outcome("1.31", "v1.31.13", {"passed": 3})
+    a.skipped = b.skipped = ["t.py:1: run only by another test"]
+    text = compat.table([a, b])
+    assert text.count("run only by another test") == 1 and text.endswith("Skipped: t.py:1: run only by another test.")
+    assert "| v1.30.14 | 3 | 0 | 0 | 0.0 | all passed |" in text
