@@ -236,3 +236,14 @@ def test_installed_command_help():
 def test_serve_refuses_a_listener_limit_that_is_not_positive(capsys):
     assert cli.main(["serve", "--idle-timeout", "0"]) == 2
     assert "idle_timeout must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_node_watch_choices_are_the_watch_modes():
+    """The CLI names the modes itself (importing the watch would load kopf into `review`); they must agree."""
+    from hami_mt_webhook.service.nodewatch import MODES
+
+    (setting,) = [s for s in config.SERVE if s.flag == "--node-watch"]
+    assert setting.choices == MODES
+    assert "aiohttp" not in subprocess.run(
+        [sys.executable, "-c", "import sys, hami_mt_webhook.cli.settings; print(sorted(sys.modules))"],
+        capture_output=True, text=True, check=True).stdout
