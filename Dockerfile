@@ -1,7 +1,8 @@
 # The webhook image: `docker build -t <registry>/hami-mt-webhook:0.1.0 .`
 # The manifests run it as uid 65532 with a read-only root filesystem; nothing here writes at run time.
-# The wheel is built where a C compiler is (its rules are compiled with mypyc, see setup.py); the image
-# that runs holds the wheel installed, not the compiler.
+# The wheel is built where a C compiler is (its rules are compiled with mypyc, see setup.py) by pip alone,
+# nothing else installed; the image that runs holds the wheel installed, not the compiler.
+# Without a Docker daemon: `make image` (podman; README, "The image").
 FROM python:3.11 AS build
 ENV PIP_NO_CACHE_DIR=1
 WORKDIR /src

@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk controlplane controlplane-floor certs clean
+.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk image image-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,25 @@ test-e2e: setup controlplane
 test-e2e-floor: setup controlplane-floor
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 
+# Where the Dockerfile's python:3.11 bases come from when local storage lacks them: auto (a pull, else
+# stand-ins made from Debian's packages), pull, or standin (never a registry; what make test uses).
+IMAGE_BASES ?= auto
+
+image-tools:  ## podman, runc and mmdebstrap (Debian packages; installed when root with apt-get)
+	@missing=; for tool in podman runc mmdebstrap; do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -q$$missing || { apt-get update -q && apt-get install -y -q$$missing; }; \
+	  else \
+	    echo "missing:$$missing (install them, or build with docker: docker build -t hami-mt-webhook .)" >&2; exit 1; \
+	  fi; \
+	fi
+
+image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
+	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)
+
 test: lint controlplane controlplane-floor  ## everything: lint, unit and e2e tiers, the e2e tier again on the floor
+	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 

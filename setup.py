@@ -16,9 +16,11 @@ if os.environ.get("HAMI_MT_PURE_PYTHON") != "1":
     from mypyc.build import mypycify
 
     rules = sorted(str(p) for p in Path("hami_mt_webhook", "rules").glob("*.py"))
-    # The build environment holds the build requirements only: the rules' one outside import (orjson)
-    # is typed as Any there, as it is at run time through its own stubs.
+    # mypy finds installed packages through the interpreter that runs it, not through pip's isolated build
+    # environment, so what a machine has installed would decide what compiles. --no-site-packages makes
+    # the build the same everywhere: the rules' one outside import (orjson) is always untyped (Any) here.
     # One shared library for the group, at the top of the wheel: hami_mt_webhook__mypyc.
-    ext_modules = mypycify(["--ignore-missing-imports", *rules], opt_level="3", group_name="hami_mt_webhook")
+    ext_modules = mypycify(["--no-site-packages", "--ignore-missing-imports", *rules],
+                           opt_level="3", group_name="hami_mt_webhook")
 
 setup(ext_modules=ext_modules)

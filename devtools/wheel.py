@@ -47,35 +47,66 @@ class Installed:
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "hami_mt_webhook")
 
 
-def build(dest: Path) -> Path:
-    """Build the wheel into `dest` from a copy of `SOURCES`, as the image build does, and return its path.
+def build(dest: Path, *, beside: tuple[str, ...] = ()) -> Path:
+    """Build the wheel into `dest` from a copy of `SOURCES` with the pip of a new virtualenv holding nothing
+    but pip, as the image's build stage and `pip install` of an sdist do, and return its path.
 
-    Not from the tree itself: setuptools keeps a `build/` directory beside the sources, and a module
-    deleted since the last build would still be packed from there.
+    `beside` installs those packages into that virtualenv first: the build must not depend on what else
+    is installed (mypy, inside pip's isolated build, looks at the interpreter's own site-packages). Not
+    from the tree itself: setuptools keeps a `build/` directory beside the sources, and a module deleted
+    since the last build would still be packed from there.
     """
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hami-mt-wheel-") as tmp:
-        src = Path(tmp) / "src"
-        src.mkdir()
-        for name in SOURCES:
-            if (ROOT / name).is_dir():
-                shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
-            else:
-                shutil.copy2(ROOT / name, src / name)
-        _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest),
-              str(src)])
-    wheels = sorted(dest.glob("hami_mt_webhook-*.whl"))
-    if len(wheels) != 1:
-        raise RuntimeError(f"expected one wheel in {dest}, found {[w.name for w in wheels]}")
-    return wheels[0]
+        src = copy_sources(Path(tmp) / "src")
+        python = bare_python(Path(tmp) / "venv")
+        if beside:
+            _run([str(python), "-m", "pip", "install", "--quiet", *beside])
+        _run([str(python), "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(src)])
+    return _one(dest, "hami_mt_webhook-*.whl")
+
+
+def build_sdist(dest: Path) -> Path:
+    """Build the sdist into `dest` as a user does (`pip install build`, then `python -m build --sdist`, in a
+    new virtualenv) and return its path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="hami-mt-sdist-") as tmp:
+        src = copy_sources(Path(tmp) / "src")
+        python = bare_python(Path(tmp) / "venv")
+        _run([str(python), "-m", "pip", "install", "--quiet", "build"])
+        _run([str(python), "-m", "build", "--sdist", "--outdir", str(dest), str(src)])
+    return _one(dest, "hami_mt_webhook-*.tar.gz")
+
+
+def copy_sources(src: Path) -> Path:
+    """A copy of `SOURCES` at `src`, without bytecode."""
+    src.mkdir(parents=True)
+    for name in SOURCES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
+    return src
+
+
+def bare_python(env_dir: Path) -> Path:
+    """A new virtualenv at `env_dir` with pip alone in it (no project dependency); its interpreter."""
+    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
+    return env_dir / "bin" / "python"
+
+
+def _one(dest: Path, pattern: str) -> Path:
+    found = sorted(dest.glob(pattern))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one {pattern} in {dest}, found {[w.name for w in found]}")
+    return found[0]
 
 
 def install(dest: Path) -> Installed:
     """Build the wheel and install it with its dependencies into a new virtualenv at `dest/venv`."""
     wheel = build(dest / "dist")
-    env_dir = dest / "venv"
-    venv.EnvBuilder(with_pip=True, clear=True).create(env_dir)
-    installed = Installed(env_dir, wheel)
+    installed = Installed(dest / "venv", wheel)
+    bare_python(installed.root)
     _run([str(installed.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
           str(wheel)])
     return installed
@@ -122,8 +153,13 @@ def contents(wheel: Path) -> list[str]:
         return archive.namelist()
 
 
+#: Variables that would let the interpreter see packages outside the virtualenv it belongs to.
+_LEAKS = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "VIRTUAL_ENV")
+
+
 def _run(cmd: list[str]) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT.parent)
+    env = {k: v for k, v in os.environ.items() if k not in _LEAKS} | {"PYTHONNOUSERSITE": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT.parent, env=env)
     if proc.returncode:
         output = proc.stdout[-2000:] + proc.stderr[-4000:]
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{output}")

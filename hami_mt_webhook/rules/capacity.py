@@ -284,9 +284,11 @@ MAX_CACHED_CONSTRAINTS = 4096
 def _constraint_key(selector: Any, terms: Any) -> str | None:
     """A canonical text of the pod's placement constraints, or None when they cannot be keyed."""
     try:
-        return orjson.dumps([selector, terms], option=orjson.OPT_SORT_KEYS).decode()
+        # Typed here: the compiled build sees orjson as untyped (setup.py), the linter through its stubs.
+        key: str = orjson.dumps([selector, terms], option=orjson.OPT_SORT_KEYS).decode()
     except TypeError:
         return None
+    return key
 
 
 def _fallback(config: Config) -> Candidates:

@@ -51,10 +51,12 @@ all slice pod creation. The watch state and the view's age are metrics for an al
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import aiohttp
 import kopf
@@ -243,6 +245,23 @@ def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
 
 def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo | None:
     """A kubeconfig when one is given (local runs), else the pod's service account; read afresh each
-    time, so a rotated service-account token is picked up on the next reconnect."""
+    time, so a rotated service-account token is picked up on the next reconnect.
+
+    In a pod the API server is the address kubelet puts in the environment, as client-go's in-cluster
+    config takes it, not kopf's `kubernetes.default.svc`: a name that needs the cluster's DNS, so a DNS
+    outage (or a node without it) would leave every replica unready and every slice pod refused."""
     settings = settings or kopf.OperatorSettings()
-    return kopf.login_with_kubeconfig(settings=settings) or kopf.login_with_service_account(settings=settings)
+    info = kopf.login_with_kubeconfig(settings=settings)
+    if info is not None:
+        return info
+    info = kopf.login_with_service_account(settings=settings)
+    server = in_cluster_server(os.environ)
+    return dataclasses.replace(info, server=server) if info is not None and server else info
+
+
+def in_cluster_server(environ: Mapping[str, str]) -> str | None:
+    """The API server's URL from `KUBERNETES_SERVICE_HOST` and `_PORT`, or None when either is unset."""
+    host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")
+    if not host or not port:
+        return None
+    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"

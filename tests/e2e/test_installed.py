@@ -1,18 +1,27 @@
 """The wheel as users install it (`pip install .` into a fresh virtualenv outside the repository), every
-subcommand it ships run from there. The rest of the e2e tier runs `serve` from the same install."""
+subcommand it ships run from there. The rest of the e2e tier runs `serve` from the same install.
+
+The wheel is built by the pip of a virtualenv that holds nothing but pip (`wheel.build`), as the image's
+build stage and `pip install` of an sdist build it; the sdist is built and installed the same way here."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from devtools import wheel
 from devtools.wheel import Installed
+
+#: The clean builds do not depend on the Kubernetes version: they run with the newest only.
+NEWEST_ONLY = pytest.mark.skipif(os.environ.get("HAMI_MT_KUBE_VERSION") == "floor",
+                                 reason="builds do not depend on the Kubernetes version: run on the newest")
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -112,3 +121,29 @@ def test_the_rules_are_compiled_and_the_unit_tiers_pass_on_them(installed: Insta
                           capture_output=True, text=True, cwd=copy, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.splitlines()[-1]
+
+
+@NEWEST_ONLY
+def test_the_sdist_builds_and_installs_where_nothing_else_is_installed(tmp_path: Path) -> None:
+    """`python -m build --sdist`, then `pip install` of it into a virtualenv holding only pip: pip builds
+    the wheel from the sdist in its isolated environment (the rules compiled) and the command works."""
+    sdist = wheel.build_sdist(tmp_path / "dist")
+    python = wheel.bare_python(tmp_path / "venv")
+    done = subprocess.run([str(python), "-m", "pip", "install", "--quiet", str(sdist)], capture_output=True,
+                          text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    installed = Installed(tmp_path / "venv", sdist)
+    out = run(installed, "review", "-f", str(EXAMPLES / "slice-pod.yaml"), "--nodes", str(EXAMPLES / "nodes.yaml"),
+              "-o", "json", cwd=tmp_path)
+    assert out.returncode == 0 and out.stdout == (EXAMPLES / "expected" / "slice-pod.json").read_text(), out.stderr
+    probe = subprocess.run([str(installed.python), "-c", "import hami_mt_webhook.rules.pods as p; print(p.__file__)"],
+                           capture_output=True, text=True, cwd="/", timeout=60)
+    assert probe.stdout.strip().endswith(".so"), probe.stdout + probe.stderr
+
+
+@NEWEST_ONLY
+def test_the_wheel_builds_the_same_beside_the_runtime_dependencies(installed: Installed, tmp_path: Path) -> None:
+    """With orjson installed beside pip (mypy in the build then finds its types) the compiled build gives
+    the same wheel as where nothing is: what a machine has installed does not change what compiles."""
+    beside = wheel.build(tmp_path / "dist", beside=("orjson",))
+    assert sorted(wheel.contents(beside)) == sorted(wheel.contents(installed.wheel))

@@ -303,3 +303,16 @@ def test_a_node_that_is_not_a_sliced_report_is_logged_once(feed, caplog):
 def test_auto_streams_where_watchlist_is_on_by_default(version, mode):
     """Paged lists are the normal path where WatchList is off by default: chosen without a refusal first."""
     assert nodewatch.mode_for(*version) == mode
+
+
+@pytest.mark.parametrize(("environ", "server"), [
+    ({"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}, "https://10.96.0.1:443"),
+    ({"KUBERNETES_SERVICE_HOST": "fd00:10:96::1", "KUBERNETES_SERVICE_PORT": "6443"}, "https://[fd00:10:96::1]:6443"),
+    ({"KUBERNETES_SERVICE_HOST": "10.96.0.1"}, None),
+    ({"KUBERNETES_SERVICE_PORT": "443"}, None),
+    ({"KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": "443"}, None),
+])
+def test_in_a_pod_the_api_server_is_the_address_kubelet_gives(environ: dict[str, str], server: str | None) -> None:
+    """As client-go's in-cluster config: the Service's address from the environment, no DNS name (the
+    image's e2e test runs the real login this way, with no cluster DNS at all)."""
+    assert nodewatch.in_cluster_server(environ) == server
