@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk controlplane controlplane-floor certs clean
+.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk prometheus controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -34,16 +34,26 @@ lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linte
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test-unit: setup
+# prometheus and promtool (Debian package prometheus): the alerts' tests and `make run PROMETHEUS=1`
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y prometheus || { apt-get update && apt-get install -y prometheus; }; \
+	  else \
+	    echo "prometheus and promtool are missing and cannot be installed here (needs root and apt-get):" \
+	         "install Debian's package prometheus, or put both on PATH" >&2; exit 1; \
+	  fi; }
+
+test-unit: setup prometheus
 	$(PY) -m pytest -q -m "not e2e"
 
-test-e2e: setup controlplane
+test-e2e: setup controlplane prometheus
 	$(PY) -m pytest -q -m e2e
 
-test-e2e-floor: setup controlplane-floor
+test-e2e-floor: setup controlplane-floor prometheus
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 
-test: lint controlplane controlplane-floor  ## everything: lint, unit and e2e tiers, the e2e tier again on the floor
+test: lint controlplane controlplane-floor prometheus  ## everything: lint, unit and e2e tiers, the e2e tier again on the floor
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 
