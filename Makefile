@@ -25,9 +25,12 @@ controlplane-floor:  ## the same for the oldest Kubernetes the chart accepts
 	KUBE_VERSION=floor scripts/build-controlplane.sh
 
 INSTALL ?= kustomize
+# PROMETHEUS=1: `make run` also starts Prometheus on loopback with the shipped alerts, and prints its URL
+PROMETHEUS ?= 0
+RUN_PROMETHEUS := $(if $(filter 1,$(PROMETHEUS)),prometheus)
 
-run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart)
-	$(PY) -m devtools.local --install $(INSTALL)
+run: setup controlplane $(RUN_PROMETHEUS)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart)
+	$(PY) -m devtools.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
 
 lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linter layer contracts
 	$(VENV)/bin/ruff check hami_mt_webhook devtools tests
