@@ -16,7 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +118,17 @@ def dashboard_queries(board: dict[str, Any]) -> list[tuple[str, str]]:
 
 @dataclass(frozen=True)
 class Selector:
-    """A series selector: the metric and the labels its matchers name."""
+    """A series selector: the metric, and its matchers as (label, operator, quoted value)."""
     metric: str
-    labels: frozenset[str] = field(default_factory=frozenset)
+    matchers: tuple[tuple[str, str, str], ...] = ()
+
+    @property
+    def labels(self) -> frozenset[str]:
+        return frozenset(label for label, _, _ in self.matchers)
+
+    def matching(self, label: str, op: str, value: str) -> str:
+        """This metric with one of its matchers alone, as a selector."""
+        return f"{self.metric}{{{label}{op}{value}}}"
 
 
 _TOKEN = re.compile(r"""
@@ -168,14 +176,15 @@ def selectors(expr: str) -> tuple[list[Selector], set[str]]:
             i += 1
             continue
         if kind == "ident" and text not in _KEYWORDS and following != "(":
-            labels: set[str] = set()
+            matchers: list[tuple[str, str, str]] = []
             if following == "{":
                 i += 2
                 while tokens[i][1] != "}":
                     if tokens[i][0] == "ident" and tokens[i + 1][1] in ("=", "!=", "=~", "!~"):
-                        labels.add(tokens[i][1])
+                        matchers.append((tokens[i][1], tokens[i + 1][1], tokens[i + 2][1]))
+                        i += 2
                     i += 1
-            found.append(Selector(text, frozenset(labels)))
+            found.append(Selector(text, tuple(matchers)))
         elif kind == "punct" and text == "{":
             raise ValueError(f"a selector without a metric name in {expr!r}")
         i += 1
@@ -251,9 +260,9 @@ class Prometheus:
         result: list[dict[str, Any]] = data["result"] if data["resultType"] == "vector" else [data]
         return result
 
-    def label_names(self, metric: str, since: float) -> set[str]:
-        """Every label name of `metric`'s series since `since` (empty: no such series)."""
-        series = self.api("series", **{"match[]": metric, "start": f"{since:.3f}"})
+    def label_names(self, selector: str, since: float) -> set[str]:
+        """Every label name of the series `selector` picks since `since` (empty: no such series)."""
+        series = self.api("series", **{"match[]": selector, "start": f"{since:.3f}"})
         return {name for s in series for name in s}
 
     def targets(self) -> list[dict[str, Any]]:

@@ -25,10 +25,14 @@ from devtools import monitoring
 from devtools.controlplane import ControlPlane
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
-from .support import IMAGE, VGPU, WHOLE, apply, metric, pod, wait_for
+from .mutators import LoopbackWebhook
+from .support import IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, metric, pod, wait_for
 
 NS = "monitoring-e2e"
 WARN_NS = "monitoring-e2e-warn"
+#: Pods with this label get their memory changed by a second mutating webhook after ours: the validating
+#: webhook refuses them (reason changed-after-mutation).
+SHRINK_LABEL = "e2e-monitoring-shrink"
 #: How long the calling-error alert's expression may take to turn non-empty once calls fail: scrapes
 #: every second, and increase() needs two samples of the counter after it first appears.
 ALERT_WITHIN_S = 45.0
@@ -44,6 +48,8 @@ class Run:
     calls_failing_while_down: list[dict[str, Any]] = field(default_factory=list)
     fail_open_while_down: list[dict[str, Any]] = field(default_factory=list)
     replica_down_while_down: list[dict[str, Any]] = field(default_factory=list)
+    #: Seconds from the webhook's stop to the calling-error alert's expression turning non-empty.
+    calls_failing_after_s: float = -1.0
 
 
 def deployment(name: str) -> dict[str, Any]:
@@ -52,6 +58,16 @@ def deployment(name: str) -> dict[str, Any]:
                      "template": {"metadata": {"labels": {"app": name}},
                                   "spec": {"containers": [{"name": "main", "image": IMAGE,
                                                            "resources": {"limits": {VGPU: "1"}}}]}}}}
+
+
+def shrink(path: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
+    """Another team's mutator after ours, reinvoked after ours is: every time, the first container's memory
+    set to 20 (no tier). Ours snaps it on reinvocation, this sets it again, and the validating webhook
+    finds the pod changed after the mutation."""
+    if obj["spec"].get("schedulerName") != "hami-scheduler":
+        return []
+    return [{"op": "add", "path": f"/spec/containers/0/resources/{part}/mthreads.com~1sgpu-memory", "value": "20"}
+            for part in ("limits", "requests")]
 
 
 def expr_of(rules: dict[str, Any], alert: str) -> str:
@@ -84,6 +100,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         hook.install()
         apply_nodes(cp, example_nodes())
         hook.start()
+        after_ours = LoopbackWebhook(workdir / "after-ours", shrink)
+        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(after_ours.configuration(
+            "zz-after-ours", "/", {"matchExpressions": [{"key": SHRINK_LABEL, "operator": "Exists"}]})))
         rules = monitoring.component_rules()
         (workdir / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
         prom = monitoring.Prometheus(
@@ -94,6 +113,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         finally:
             prom.stop()
             hook.stop()
+            after_ours.close()
 
 
 def traffic(cp: ControlPlane, hook: LocalWebhook, prom: monitoring.Prometheus, rules: dict[str, Any]) -> Run:
@@ -110,6 +130,12 @@ def traffic(cp: ControlPlane, hook: LocalWebhook, prom: monitoring.Prometheus, r
                                            "--dry-run=server").stderr)
     warned = apply(cp, WARN_NS, pod("mixed-warn", {WHOLE: 1, VGPU: 1}))
     assert warned.returncode == 0 and "would deny" in warned.stderr
+    # a pod changed after ours by another mutating webhook
+    shrunk = pod("shrunk", {VGPU: 1, MEMORY: 64}, labels={SHRINK_LABEL: "1"}, nodeSelector=ON_S5000)
+    wait_for("the second mutating webhook to be called",
+             lambda: "changed after hami-mt-webhook admitted it" in apply(cp, NS, shrunk, "--dry-run=server").stderr)
+    refused = apply(cp, NS, shrunk)
+    assert refused.returncode != 0 and "changed after hami-mt-webhook admitted it" in refused.stderr
     # a body that is no review, a connection past its deadline, certificate files that do not load
     bad_request(hook)
     idle_connection(hook)
@@ -124,8 +150,9 @@ def traffic(cp: ControlPlane, hook: LocalWebhook, prom: monitoring.Prometheus, r
     done.calls_failing_before = prom.query(expr_of(rules, "HamiMtWebhookCallsFailing"))
     # the webhook stopped: the pod webhooks' calls fail (refused), the workload check's fail open
     hook.stop()
+    stopped = time.monotonic()
     try:
-        deadline = time.monotonic() + ALERT_WITHIN_S
+        deadline = stopped + ALERT_WITHIN_S
         i = 0
         while time.monotonic() < deadline:
             refused = apply(cp, NS, pod(f"while-down-{i}", {VGPU: 1}))
@@ -133,6 +160,8 @@ def traffic(cp: ControlPlane, hook: LocalWebhook, prom: monitoring.Prometheus, r
             assert apply(cp, NS, deployment(f"while-down-{i}")).returncode == 0
             i += 1
             done.calls_failing_while_down = prom.query(expr_of(rules, "HamiMtWebhookCallsFailing"))
+            if done.calls_failing_while_down and done.calls_failing_after_s < 0:
+                done.calls_failing_after_s = time.monotonic() - stopped
             done.fail_open_while_down = prom.query(expr_of(rules, "HamiMtWebhookFailingOpen"))
             done.replica_down_while_down = prom.query(expr_of(rules, "HamiMtWebhookReplicaDown"))
             if done.calls_failing_while_down and done.fail_open_while_down and done.replica_down_while_down:
@@ -156,6 +185,10 @@ def names_only_what_the_scrape_has(prom: monitoring.Prometheus, expr: str, since
         assert names, f"no series of {selector.metric} in the scrape ({expr})"
         missing = selector.labels - names
         assert not missing, f"{selector.metric} has no label {sorted(missing)} in the scrape ({expr})"
+        for label, op, value in selector.matchers:  # a value that matches nothing never fires either
+            if op in ("=", "=~"):
+                assert prom.label_names(selector.matching(label, op, value), since), \
+                    f"no series of {selector.metric} has {label}{op}{value} in the scrape ({expr})"
         every |= names
     assert grouping <= every, f"grouping by {sorted(grouping - every)}, which no selected series has ({expr})"
 
@@ -189,13 +222,16 @@ def test_a_renamed_metric_or_label_fails_the_check(run: Run) -> None:
     """The check above can fail: the same expressions, one name changed, do."""
     expr = expr_of(run.rules, "HamiMtWebhookCallsFailing")
     for broken in (expr.replace("rejection_count", "rejections_count"), expr.replace("error_type=", "errortype="),
-                   expr.replace("by (name)", "by (webhook_name)")):
+                   expr.replace("by (name)", "by (webhook_name)"),
+                   expr.replace("calling_webhook_error", "calling_error"),
+                   expr.replace("hami-mt[.]mthreads", "hami[.]mthreads")):
         with pytest.raises(AssertionError):
             names_only_what_the_scrape_has(run.prometheus, broken, run.since)
 
 
 def test_the_calling_error_alert_fires_while_the_webhook_is_stopped_and_not_before(run: Run) -> None:
     assert run.calls_failing_before == []
+    assert 0 < run.calls_failing_after_s < ALERT_WITHIN_S
     assert {s["metric"]["name"] for s in run.calls_failing_while_down} >= {"mutate.hami-mt.mthreads.com"}
     assert {s["metric"]["name"] for s in run.fail_open_while_down} == {"validate-workloads.hami-mt.mthreads.com"}
     assert [(s["metric"]["job"], s["metric"]["namespace"]) for s in run.replica_down_while_down] == [
