@@ -24,8 +24,9 @@ import yaml
 
 from devtools import manifests, procs
 
-__all__ = ["CHART", "COMPONENT", "RULE_API", "JOB", "Prometheus", "Selector", "alerts", "component_rules",
-           "dashboard", "dashboard_queries", "render_component", "selectors", "tool", "write_component"]
+__all__ = ["CHART", "COMPONENT", "COMPONENT_FILES", "DASHBOARD_FILE", "JOB", "MONITOR_API", "NAMESPACE",
+           "RULE_API", "Prometheus", "Selector", "alerts", "component_rules", "dashboard", "dashboard_queries",
+           "render_component", "scrape_configs", "selectors", "tool", "write_component"]
 
 CHART = Path(__file__).resolve().parent.parent / "charts" / "hami-mt-webhook"
 DASHBOARD_FILE = CHART / "files" / "dashboard.json"
