@@ -37,11 +37,14 @@ lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linte
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# prometheus and promtool (Debian package prometheus): the alerts' tests and `make run PROMETHEUS=1`
+# prometheus and promtool (Debian package prometheus, without the node exporter it recommends): the alerts'
+# tests and `make run PROMETHEUS=1`, which start their own on loopback. On a host booted with systemd the
+# package also enables its own prometheus.service (port 9090): `systemctl disable --now prometheus` if unwanted.
 prometheus:
 	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get install -y prometheus || { apt-get update && apt-get install -y prometheus; }; \
+	    apt-get install -y --no-install-recommends prometheus || \
+	      { apt-get update && apt-get install -y --no-install-recommends prometheus; }; \
 	  else \
 	    echo "prometheus and promtool are missing and cannot be installed here (needs root and apt-get):" \
 	         "install Debian's package prometheus, or put both on PATH" >&2; exit 1; \
