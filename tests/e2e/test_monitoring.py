@@ -95,20 +95,21 @@ def idle_connection(hook: LocalWebhook) -> None:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     workdir = tmp_path_factory.mktemp("monitoring")
+    rules = monitoring.component_rules()
+    (workdir / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
+    after_ours = LoopbackWebhook(workdir / "after-ours", shrink)
     with ControlPlane(workdir=workdir / "cp") as cp:
         hook = LocalWebhook(cp, workdir / "webhook", extra_args=["--reload-interval", "1", "--handshake-timeout", "1"])
-        hook.install()
-        apply_nodes(cp, example_nodes())
-        hook.start()
-        after_ours = LoopbackWebhook(workdir / "after-ours", shrink)
-        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(after_ours.configuration(
-            "zz-after-ours", "/", {"matchExpressions": [{"key": SHRINK_LABEL, "operator": "Exists"}]})))
-        rules = monitoring.component_rules()
-        (workdir / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
         prom = monitoring.Prometheus(
             workdir / "prometheus", monitoring.scrape_configs(f"127.0.0.1:{hook.metrics_port}", cp.server, cp.workdir),
-            [workdir / "rules.yaml"], interval="1s").start()
+            [workdir / "rules.yaml"], interval="1s")
         try:
+            hook.install()
+            apply_nodes(cp, example_nodes())
+            hook.start()
+            cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(after_ours.configuration(
+                "zz-after-ours", "/", {"matchExpressions": [{"key": SHRINK_LABEL, "operator": "Exists"}]})))
+            prom.start()
             yield traffic(cp, hook, prom, rules)
         finally:
             prom.stop()
