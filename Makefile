@@ -3,7 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk image image-tools controlplane controlplane-floor certs clean
+.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk prometheus image image-tools \
+	controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -25,22 +26,38 @@ controlplane-floor:  ## the same for the oldest Kubernetes the chart accepts
 	KUBE_VERSION=floor scripts/build-controlplane.sh
 
 INSTALL ?= kustomize
+# PROMETHEUS=1: `make run` also starts Prometheus on loopback with the shipped alerts, and prints its URL
+PROMETHEUS ?= 0
+RUN_PROMETHEUS := $(if $(filter 1,$(PROMETHEUS)),prometheus)
 
-run: setup controlplane  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart)
-	$(PY) -m devtools.local --install $(INSTALL)
+run: setup controlplane $(RUN_PROMETHEUS)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart)
+	$(PY) -m devtools.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
 
 lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linter layer contracts
 	$(VENV)/bin/ruff check hami_mt_webhook devtools tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-test-unit: setup
+# prometheus and promtool (Debian package prometheus, without the node exporter it recommends): the alerts'
+# tests and `make run PROMETHEUS=1`, which start their own on loopback. On a host booted with systemd the
+# package also enables its own prometheus.service (port 9090): `systemctl disable --now prometheus` if unwanted.
+prometheus:
+	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y --no-install-recommends prometheus || \
+	      { apt-get update && apt-get install -y --no-install-recommends prometheus; }; \
+	  else \
+	    echo "prometheus and promtool are missing and cannot be installed here (needs root and apt-get):" \
+	         "install Debian's package prometheus, or put both on PATH" >&2; exit 1; \
+	  fi; }
+
+test-unit: setup prometheus
 	$(PY) -m pytest -q -m "not e2e"
 
-test-e2e: setup controlplane
+test-e2e: setup controlplane prometheus
 	$(PY) -m pytest -q -m e2e
 
-test-e2e-floor: setup controlplane-floor
+test-e2e-floor: setup controlplane-floor prometheus
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 
 # Where the Dockerfile's python:3.11 bases come from when local storage lacks them: auto (a pull, else
@@ -60,7 +77,7 @@ image-tools:  ## podman, runc and mmdebstrap (Debian packages; installed when ro
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)
 
-test: lint controlplane controlplane-floor  ## everything: lint, unit and e2e tiers, the e2e tier again on the floor
+test: lint controlplane controlplane-floor prometheus  ## everything: lint, unit and e2e tiers, the e2e tier again on the floor
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import yaml
 
-from devtools import cluster, manifests, procs
+from devtools import cluster, manifests, monitoring, procs
 from devtools.controlplane import ControlPlane
 from hami_mt_webhook.service import certs
 
@@ -222,13 +222,14 @@ def _exit_status(code: int) -> str:
 
 
 def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, say: Console | None = None,
-           installer: str = "kustomize") -> int:
+           installer: str = "kustomize", prometheus: bool = False) -> int:
     """`make run`: control plane, webhook and example nodes until Ctrl-C, SIGTERM or SIGHUP.
 
     A webhook that dies is reported (how it ended, its last log lines) and restarted after
     `restart_delay` seconds, while the control plane stays up: meanwhile slice pods are refused, the
     outage docs/operating.md describes. Whatever ends the run, the webhook and the control plane are
-    stopped and the run directory is removed.
+    stopped and the run directory is removed. With `prometheus`, a Prometheus on loopback scrapes the webhook
+    and kube-apiserver with the shipped alerts loaded (manifests/components/monitoring).
     """
     base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
     base.mkdir(parents=True, exist_ok=True)
@@ -244,6 +245,7 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
         signal.signal(sig, on_signal)
     cp = ControlPlane(workdir=base, controllers=True)
     webhook: LocalWebhook | None = None
+    prom: monitoring.Prometheus | None = None
     try:
         say("starting etcd, kube-apiserver, kube-controller-manager and kube-scheduler (the first run builds "
             "them) ...")
@@ -255,18 +257,31 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
             webhook.install()
         apply_nodes(cp, example_nodes())
         webhook.start()
-        say(_banner(cp, webhook, restart_delay, installer))
+        if prometheus:
+            prom = start_prometheus(cp, webhook)
+        say(_banner(cp, webhook, restart_delay, installer, prom))
         return _supervise(cp, webhook, restart_delay, say)
     except Stop:
         return 0
     finally:
         stopping.append(0)  # from here on a signal changes nothing: the cleanup below must finish
         say("\nstopping ...")
+        if prom is not None:
+            prom.stop()
         if webhook is not None:
             webhook.stop()
         cp.stop()
         say(f"stopped: the webhook, kube-scheduler, kube-controller-manager, kube-apiserver and etcd have "
             f"exited, and {cp.workdir} is removed")
+
+
+def start_prometheus(cp: ControlPlane, webhook: LocalWebhook) -> monitoring.Prometheus:
+    """Prometheus on a loopback port, its data in the run directory: the webhook's metrics as the
+    ServiceMonitor's job, kube-apiserver's with the admin certificate, the shipped alerts evaluated."""
+    rules = cp.workdir / "prometheus-rules.yaml"
+    rules.write_text(yaml.safe_dump(monitoring.component_rules(), sort_keys=False))
+    configs = monitoring.scrape_configs(f"127.0.0.1:{webhook.metrics_port}", cp.server, cp.workdir)
+    return monitoring.Prometheus(cp.workdir / "prometheus", configs, [rules], interval="5s").start()
 
 
 #: The nodes' slice capacities as `kubectl get nodes -o custom-columns=...` shows them; printed on one line,
@@ -276,7 +291,7 @@ COLUMNS = ("NAME:.metadata.name,CORE:.status.capacity.mthreads\\.com/sgpu-core,"
 
 
 def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float,
-            installer: str = "kustomize") -> str:
+            installer: str = "kustomize", prom: monitoring.Prometheus | None = None) -> str:
     kubectl = cp.bin_dir / "kubectl"
     pid = webhook.proc.pid if webhook.proc else "?"
     how = (f"installed with the Helm chart as release {RELEASE} in namespace {NAMESPACE}; its webhooks "
@@ -286,6 +301,9 @@ def _banner(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float,
         f"  alias helm={cp.bin_dir / 'helm'}\n"
         f"  helm -n {NAMESPACE} list; helm -n {NAMESPACE} upgrade {RELEASE} "
         f"{CHART.relative_to(CHART.parents[1])} --reuse-values --set enforcement=warn\n")
+    graphs = "" if prom is None else (
+        f"\nPrometheus: {prom.url} (the shipped alerts: {prom.url}/alerts; it scrapes the webhook and "
+        f"kube-apiserver every 5 s)\n")
     return f"""
 hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
 (control plane ready in {cp.startup_seconds:.1f} s; webhook pid {pid}, log: {webhook.log}),
@@ -299,7 +317,7 @@ hami-mt-webhook is serving {webhook.url} for the API server at {cp.server}
 
 To try an outage, `kill {pid}`: the control plane stays up, slice pods are refused, whole-card and other
 pods are not, and the webhook is restarted {restart_delay:.0f} s later.
-Ctrl-C stops everything."""
+{graphs}Ctrl-C stops everything."""
 
 
 def _supervise(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, say: Console) -> int:
@@ -348,8 +366,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--install", choices=["kustomize", "helm"], default="kustomize",
                         help="how the webhook's objects are installed: the kustomize manifests, or the Helm "
                              "chart [kustomize]")
+    parser.add_argument("--prometheus", action="store_true",
+                        help="also start Prometheus (Debian's package) on loopback with the shipped alerts, "
+                             "scraping the webhook and kube-apiserver")
     args = parser.parse_args(argv)
-    return try_it(args.dir, args.restart_delay, installer=args.install)
+    return try_it(args.dir, args.restart_delay, installer=args.install, prometheus=args.prometheus)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests
+from devtools import manifests, monitoring
 from devtools.controlplane import ControlPlane, binaries
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
@@ -40,16 +40,21 @@ CONFIGS = (("MutatingWebhookConfiguration", "hami-mt-webhook"), ("ValidatingWebh
            ("MutatingWebhookConfiguration", "hami-mt-webhook-warn"),
            ("ValidatingWebhookConfiguration", "hami-mt-webhook-warn"))
 SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
-#: Just enough of the Prometheus operator's CRD for the API server to serve ServiceMonitors.
-SERVICE_MONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-             "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor"},
-             "versions": [{"name": "v1", "served": True, "storage": True,
-                           "schema": {"openAPIV3Schema": {"type": "object",
-                                                          "x-kubernetes-preserve-unknown-fields": True}}}]},
-}  # fmt: skip
+PROMETHEUS_RULE_API = monitoring.RULE_API
+
+
+def operator_crd(kind: str) -> dict[str, Any]:
+    """Just enough of a Prometheus operator CRD for the API server to serve `kind`."""
+    plural = kind.lower() + "s"
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+        "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+                 "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+                 "versions": [{"name": "v1", "served": True, "storage": True,
+                               "schema": {"openAPIV3Schema": {"type": "object",
+                                                              "x-kubernetes-preserve-unknown-fields": True}}}]},
+    }  # fmt: skip
 
 Doc = dict[str, Any]
 
@@ -247,6 +252,13 @@ def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
     ("enforcement=audit", "at '/enforcement'"),
     ("resourceNames.vgpu=mthreads.com/v gpu", "at '/resourceNames/vgpu'"),
     ("metrics.serviceMonitor.interval=soon", "at '/metrics/serviceMonitor/interval'"),
+    ("prometheusRule.thresholds.notReadyFor=soon", "at '/prometheusRule/thresholds/notReadyFor'"),
+    ("prometheusRule.thresholds.apiServerLatencyShareOfTimeout=1.5",
+     "at '/prometheusRule/thresholds/apiServerLatencyShareOfTimeout'"),
+    ("prometheusRule.thresholds.slowReviewSeconds=fast", "at '/prometheusRule/thresholds/slowReviewSeconds'"),
+    ("prometheusRule.thresholds.relistPerHour=6", "additional properties 'relistPerHour' not allowed"),
+    ("prometheusRule.runbookURL=docs/operating.md#alerts", "at '/prometheusRule/runbookURL'"),
+    ("dashboard.enabled=maybe", "at '/dashboard/enabled'"),
 ])
 def test_a_bad_value_fails_where_it_enters_and_is_named(setting: str, named: str) -> None:
     """values.schema.json: helm refuses a bad value on template, install and upgrade, naming it."""
@@ -254,6 +266,49 @@ def test_a_bad_value_fails_where_it_enters_and_is_named(setting: str, named: str
     assert bad.returncode != 0 and named in bad.stderr, bad.stderr
     for good in ("memoryPerCard=96", "memoryPerCard={96,160}"):
         assert helm("template", RELEASE, str(CHART), "--set", good, check=False).returncode == 0
+
+
+def test_the_monitoring_component_is_the_charts_rendering() -> None:
+    """One home for the alerts and the dashboard: the component is written from the chart (default values)
+    by `python -m devtools.monitoring`, so an edit to either alone fails here."""
+    rendered = monitoring.render_component(binaries() / "helm")
+    assert set(rendered) == set(monitoring.COMPONENT_FILES)
+    for name, text in rendered.items():
+        assert (monitoring.COMPONENT / name).read_text() == text, f"{name}: run python -m devtools.monitoring"
+    listed = yaml.safe_load((monitoring.COMPONENT / "kustomization.yaml").read_text())["resources"]
+    assert sorted(listed) == sorted(rendered)
+
+
+def test_monitoring_values_reach_the_rules_and_the_dashboard(rendered: list[Doc], tmp_path: Path) -> None:
+    assert ("PrometheusRule", "hami-mt-webhook") not in kinds(rendered)  # no CRD, no PrometheusRule
+    assert ("ConfigMap", "hami-mt-webhook-dashboard") not in kinds(rendered)  # off unless asked for
+    assert ("PrometheusRule", "hami-mt-webhook") not in kinds(
+        template("--api-versions", PROMETHEUS_RULE_API, "--set", "prometheusRule.enabled=false"))
+    docs = template("--api-versions", PROMETHEUS_RULE_API, "--namespace", "gpu-admission",
+                    "--set", "prometheusRule.labels.release=kube-prometheus-stack", "--set", "timeoutSeconds=10",
+                    "--set", "prometheusRule.thresholds.certificateExpiryDays=30",
+                    "--set", "prometheusRule.thresholds.replicaDownFor=2m",
+                    "--set", "prometheusRule.runbookURL=https://wiki.example.com/gpu/operating.md",
+                    "--set", "dashboard.enabled=true", "--set", "dashboard.annotations.grafana_folder=GPU")
+    rule = find(docs, "PrometheusRule", "hami-mt-webhook")
+    assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert rule["metadata"]["namespace"] == "gpu-admission"
+    by_name = {a["alert"]: a for a in monitoring.alerts(rule["spec"])}
+    assert by_name["HamiMtWebhookCertificateExpiresSoon"]["expr"].endswith("< 30 * 86400")
+    assert by_name["HamiMtWebhookApiServerLatencyNearTimeout"]["expr"].endswith("> 0.8 * 10")
+    assert by_name["HamiMtWebhookReplicaDown"]["expr"] == 'up{job="hami-mt-webhook", namespace="gpu-admission"} == 0'
+    assert by_name["HamiMtWebhookReplicaDown"]["for"] == "2m"
+    assert {a["annotations"]["runbook_url"].split("#")[0] for a in by_name.values()} == {
+        "https://wiki.example.com/gpu/operating.md"}
+    assert "${" not in yaml.safe_dump(rule)
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    checked = subprocess.run([monitoring.tool("promtool"), "check", "rules", str(tmp_path / "rules.yaml")],
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    board = find(docs, "ConfigMap", "hami-mt-webhook-dashboard")
+    assert board["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert board["metadata"]["annotations"] == {"grafana_folder": "GPU"}
+    assert json.loads(board["data"]["hami-mt-webhook.json"]) == monitoring.dashboard()
 
 
 def test_cert_manager_replaces_the_generated_certificate(rendered: list[Doc]) -> None:
@@ -276,13 +331,15 @@ def test_cert_manager_replaces_the_generated_certificate(rendered: list[Doc]) ->
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
     """A control plane of our own, with the release namespace made as the README says and the
-    ServiceMonitor CRD, so the chart's optional object is checked too."""
+    ServiceMonitor and PrometheusRule CRDs, so the chart's optional objects are checked too."""
     with ControlPlane(workdir=tmp_path_factory.mktemp("chart-cp")) as cp:
         cp.kubectl("create", "namespace", NS)
         cp.kubectl("label", "namespace", NS, "hami.io/webhook=ignore", "pod-security.kubernetes.io/enforce=restricted")
         cp.kubectl("create", "namespace", "chart-e2e")
-        cp.kubectl("apply", "-f", "-", input=json.dumps(SERVICE_MONITOR_CRD))
-        cp.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com")
+        for kind in ("ServiceMonitor", "PrometheusRule"):
+            cp.kubectl("apply", "-f", "-", input=json.dumps(operator_crd(kind)))
+        cp.kubectl("wait", "--for=condition=Established", "crd/servicemonitors.monitoring.coreos.com",
+                   "crd/prometheusrules.monitoring.coreos.com")
         yield cp
 
 
@@ -294,8 +351,10 @@ def local_hook(cluster: ControlPlane) -> Iterator[LocalWebhook]:
 
 
 def test_every_rendered_object_passes_server_dry_run(cluster: ControlPlane) -> None:
-    docs = template("--api-versions", SERVICE_MONITOR_API)
-    assert ("ServiceMonitor", "hami-mt-webhook") in kinds(docs)
+    docs = template("--api-versions", SERVICE_MONITOR_API, "--api-versions", PROMETHEUS_RULE_API,
+                    "--set", "dashboard.enabled=true")
+    assert {("ServiceMonitor", "hami-mt-webhook"), ("PrometheusRule", "hami-mt-webhook"),
+            ("ConfigMap", "hami-mt-webhook-dashboard")} <= kinds(docs)
     for doc in docs:
         out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
         assert out.returncode == 0, f"{doc['kind']} {doc['metadata']['name']}: {out.stderr}"
@@ -334,7 +393,7 @@ class TestLifecycle:
             "contexts": [{"name": "webhook", "context": {"cluster": "local", "user": "hami-mt-webhook"}}]}))
         apply_nodes(cluster, example_nodes())
         local_hook.start()
-        assert ("ServiceMonitor", "hami-mt-webhook") in {
+        assert {("ServiceMonitor", "hami-mt-webhook"), ("PrometheusRule", "hami-mt-webhook")} <= {
             (d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(
                 helm("get", "manifest", RELEASE, "-n", NS, kubeconfig=cluster.kubeconfig).stdout) if d}
         urls = [w["clientConfig"]["url"] for kind, name in CONFIGS for w in get(cluster, kind, name)["webhooks"]]

@@ -12,11 +12,13 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from devtools import monitoring
 from devtools.controlplane import binaries
 
 from .support import processes_mentioning
@@ -29,11 +31,12 @@ BANNER_END = "Ctrl-C stops everything."
 class Run:
     """`hami-mt-webhook try` in its own session (our signals reach only it), its output read line by line."""
 
-    def __init__(self, base: Path, restart_delay: float = 5.0, read: bool = True, install: str = "kustomize") -> None:
+    def __init__(self, base: Path, restart_delay: float = 5.0, read: bool = True, install: str = "kustomize",
+                 extra: tuple[str, ...] = ()) -> None:
         self.dir = base
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "devtools.local", "--dir", str(base),
-             "--restart-delay", str(restart_delay), "--install", install],
+             "--restart-delay", str(restart_delay), "--install", install, *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True, cwd=ROOT)
         self.lines: queue.Queue[str | None] = queue.Queue()
@@ -162,6 +165,31 @@ def tour() -> list[tuple[str, list[str]]]:
 # What the tour says varies: a ReplicaSet's pod names, its template's hash (which the Kubernetes version
 # decides) and five random characters.
 POD_SUFFIX = re.compile(r"\b(train-)[0-9a-f]{6,10}-[bcdfghjklmnpqrstvwxz2456789]{5}\b")
+
+
+def test_prometheus_beside_the_playground_evaluates_the_shipped_alerts(tmp_path, runs):
+    """`make run PROMETHEUS=1`: the printed URL answers, with the shipped alerts loaded and both targets
+    scraped; Prometheus stops with the rest."""
+    run = Run(tmp_path / "run", extra=("--prometheus",))
+    runs.append(run)
+    banner = run.until(BANNER_END)
+    url = re.search(r"Prometheus: (http://127\.0\.0\.1:\d+) ", banner)[1]
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def api(path: str) -> dict:
+        with opener.open(f"{url}/api/v1/{path}", timeout=10) as r:
+            return json.load(r)["data"]
+
+    alerts = {r["name"] for g in api("rules")["groups"] for r in g["rules"]}
+    assert alerts == {a["alert"] for a in monitoring.alerts(monitoring.component_rules())}
+    deadline = time.monotonic() + 30
+    while {t["labels"]["job"]: t["health"] for t in api("targets")["activeTargets"]} != {
+            "hami-mt-webhook": "up", "apiserver": "up"}:
+        assert time.monotonic() < deadline, api("targets")
+        time.sleep(0.5)
+    assert run.stop(signal.SIGTERM) == 0
+    run.until(" is removed")
+    run.assert_nothing_left()  # Prometheus's command line names its files in the run directory
 
 
 def test_the_readme_tour_prints_what_it_shows(tmp_path, runs):

@@ -343,6 +343,33 @@ def test_network_policy_component_renders_with_the_base(tmp_path: Path) -> None:
         "hami-mt-webhook-admission", "hami-mt-webhook-observability"]
 
 
+# --- monitoring component -------------------------------------------------------------------------------
+
+
+def test_the_monitoring_components_service_monitor_finds_the_base_service_and_its_metrics_port() -> None:
+    """HamiMtWebhookReplicaDown reads `up` of this ServiceMonitor's job: it must select the Service."""
+    (monitor,) = manifests.load(manifests.base_dir() / "components" / "monitoring" / "servicemonitor.yaml")
+    service = one(manifests.load(), "Service")
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"] == NS
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert service["metadata"]["name"] == "hami-mt-webhook"  # the job name the rules use
+
+
+@needs_kubectl
+def test_monitoring_component_renders_with_the_base(tmp_path: Path) -> None:
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../base/components/monitoring]\n"
+    )
+    rendered = kustomize(tmp_path / "overlay")
+    added = {(d["kind"], d["metadata"]["name"]) for d in rendered} - {
+        (d["kind"], d["metadata"]["name"]) for d in manifests.load()}
+    assert added == {("ServiceMonitor", NAME), ("PrometheusRule", NAME), ("ConfigMap", "hami-mt-webhook-dashboard")}
+
+
 # --- rollout mode and training jobs (SPEC 4.10, §7) -----------------------------------------------------
 
 
