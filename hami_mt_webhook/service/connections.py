@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .http11 import CONTINUE, MAX_HEAD, Answer, BadRequest, Head, answer, error_answer, parse_head
+from .http11 import CONTINUE, Answer, BadRequest, Head, answer, error_answer, head_end, parse_head
 
 __all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Phase", "Responder"]
 
@@ -219,12 +219,10 @@ class Conn:
         """Take the next request from the buffer, as far as it has arrived."""
         limits = self.host.limits
         if self.head is None:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.buf) > MAX_HEAD:
-                    self._refuse(431)
-                return
             try:
+                end = head_end(self.buf)
+                if end < 0:
+                    return
                 head = parse_head(bytes(self.buf[:end]))
             except BadRequest as bad:
                 self._refuse(bad.status)
