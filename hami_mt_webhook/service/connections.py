@@ -42,7 +42,10 @@ class Limits:
     max_handshakes: int = 256  # of those, handshakes under way (each holds TLS buffers); the oldest gives way
     max_body: int = 3 * 1024 * 1024
     big_body: int = 256 * 1024  # bodies this large are decoded in a thread, `big_concurrency` at a time
-    big_concurrency: int = 2
+    # One: orjson holds the GIL while it decodes, so a second lane never decoded beside the first; it only
+    # doubled the parsed reviews alive at once, the peak RSS and what Python's allocator keeps of it after
+    # (docs/PERFORMANCE.md, issue 34).
+    big_concurrency: int = 1
     close_grace: float = 1.0  # a graceful TLS close (after `Connection: close`) is aborted after this
     drain_seconds: float = 2.5
     shutdown_timeout: float = 1.5
