@@ -114,6 +114,8 @@ class Host(Protocol):
 
     def handshaking(self, conn: Conn) -> None: ...
 
+    def big_done(self) -> None: ...
+
 
 class Conn:
     """One accepted TCP connection, tracked from accept to close."""
@@ -261,15 +263,18 @@ class Conn:
     async def _answer_big(self, head: Head) -> None:
         """A large body: read it once the big lane has room, answer it off the loop (`handler`)."""
         responder = self.host.responder
-        async with responder.big_lane:
-            self.body = self.host.loop.create_future()
-            self._watch(self._readable)
-            self._process()
-            body = await self.body
-            self.body = None
-            self.head = None
-            self.host.enter(self, Phase.BUSY)
-            reply = await responder.answer_big(head, body)
+        try:
+            async with responder.big_lane:
+                self.body = self.host.loop.create_future()
+                self._watch(self._readable)
+                self._process()
+                body = await self.body
+                self.body = None
+                self.head = None
+                self.host.enter(self, Phase.BUSY)
+                reply = await responder.answer_big(head, body)
+        finally:  # answered, or cut off on its way: either way its memory is free now
+            self.host.big_done()
         self.task = None
         if not self.closed:
             self._write(head, reply)

@@ -452,3 +452,26 @@ async def test_the_listeners_limits_hold_however_the_bytes_arrive(serve_webhook,
     async with serve_webhook() as running:
         assert await answers_to(running, data, split) == expected
         assert b"200 OK" in await roundtrip(running)  # and it keeps serving
+
+
+async def test_the_heap_is_given_back_once_large_bodies_stop_coming(serve_webhook, monkeypatch):
+    """Large reviews leave their bytes and parsed objects in the allocators' arenas; the listener trims
+    `TRIM_QUIET` after the last one, once, and not while they keep coming."""
+    from hami_mt_webhook.service import listener as listener_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(listener_module, "TRIM_QUIET", 0.8)
+    monkeypatch.setattr(listener_module, "trim_heap", lambda: trims.append(1) or True)
+    async with serve_webhook(limits=Limits(big_body=1024)) as running:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 2.0
+        while loop.time() < until:  # a large review every 0.2 s: never quiet for long enough
+            assert (await roundtrip_body(running, attacks.review(0.01))).startswith(b"HTTP/1.1 200 OK")
+            await asyncio.sleep(0.2)
+        assert trims == []
+        await eventually(lambda: trims == [1])
+        await asyncio.sleep(1.2)
+        assert trims == [1]  # once after they stop, not on every sweep
+        assert b"200 OK" in await roundtrip(running)  # a small review is no large body
+        await asyncio.sleep(1.2)
+        assert trims == [1]
