@@ -153,6 +153,16 @@ class Flood:
                 "closed_by_server": self.closed_by_server, "answered": self.answered, "failed": self.failed}
 
 
+def review(mib: float = 0) -> bytes:
+    """A slice pod's AdmissionReview, with about `mib` MiB of environment variables when asked."""
+    from devtools.cluster import pod, review_body
+
+    obj = pod("slice")
+    obj["spec"]["containers"][0]["env"] += [
+        {"name": f"BULK_{i}", "value": "v" * 40} for i in range(int(mib * 1024 * 1024 / 73))]
+    return review_body(obj)
+
+
 # --- what a well-behaved caller sees during a flood ---------------------------------------------------
 
 
@@ -226,13 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     body = b""
     if a.kind in ("big", "slow-read"):
-        from devtools.cluster import pod, review_body
-
-        obj = pod("slice")
-        if a.kind == "big":
-            obj["spec"]["containers"][0]["env"] += [
-                {"name": f"BULK_{i}", "value": "v" * 40} for i in range(int(a.body_mib * 1024 * 1024 / 73))]
-        body = review_body(obj)
+        body = review(a.body_mib if a.kind == "big" else 0)
 
     async def go() -> dict:
         flood = Flood(a.kind, a.port, a.count, a.cafile, body)

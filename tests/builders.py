@@ -132,6 +132,15 @@ def review_body(pod: Any, operation: str = "CREATE", uid: str | None = None, dry
     return {"apiVersion": api_version, "kind": "AdmissionReview", "request": request}
 
 
+def padded_request(line: int, head: int, body: bytes = b"{}") -> bytes:
+    """A POST to /mutate-pods whose request line is `line` bytes and whose head is `head` bytes (padded in
+    the query string, which the route ignores, and in one header), asking to close after its answer."""
+    start = b"POST /mutate-pods?pad="
+    request_line = start + b"x" * (line - len(start) - len(b" HTTP/1.1")) + b" HTTP/1.1"
+    fixed = request_line + f"\r\nConnection: close\r\nContent-Length: {len(body)}\r\nX-Pad: ".encode()
+    return fixed + b"y" * (head - len(fixed)) + b"\r\n\r\n" + body
+
+
 def decode_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON Patch of an AdmissionReview response (empty when there is none)."""
     if "patch" not in response:

@@ -20,7 +20,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .http11 import CONTINUE, MAX_HEAD, Answer, BadRequest, Head, answer, error_answer, parse_head
+from .http11 import CONTINUE, Answer, BadRequest, Head, answer, error_answer, head_end, parse_head
 
 __all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Phase", "Responder"]
 
@@ -42,7 +42,10 @@ class Limits:
     max_handshakes: int = 256  # of those, handshakes under way (each holds TLS buffers); the oldest gives way
     max_body: int = 3 * 1024 * 1024
     big_body: int = 256 * 1024  # bodies this large are decoded in a thread, `big_concurrency` at a time
-    big_concurrency: int = 2
+    # One: orjson holds the GIL while it decodes, so a second lane never decoded beside the first; it only
+    # doubled the parsed reviews alive at once, the peak RSS and what Python's allocator keeps of it after
+    # (docs/PERFORMANCE.md, issue 34).
+    big_concurrency: int = 1
     close_grace: float = 1.0  # a graceful TLS close (after `Connection: close`) is aborted after this
     drain_seconds: float = 2.5
     shutdown_timeout: float = 1.5
@@ -110,6 +113,8 @@ class Host(Protocol):
     def forget(self, conn: Conn) -> None: ...
 
     def handshaking(self, conn: Conn) -> None: ...
+
+    def big_done(self) -> None: ...
 
 
 class Conn:
@@ -219,12 +224,10 @@ class Conn:
         """Take the next request from the buffer, as far as it has arrived."""
         limits = self.host.limits
         if self.head is None:
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.buf) > MAX_HEAD:
-                    self._refuse(431)
-                return
             try:
+                end = head_end(self.buf)
+                if end < 0:
+                    return
                 head = parse_head(bytes(self.buf[:end]))
             except BadRequest as bad:
                 self._refuse(bad.status)
@@ -260,15 +263,18 @@ class Conn:
     async def _answer_big(self, head: Head) -> None:
         """A large body: read it once the big lane has room, answer it off the loop (`handler`)."""
         responder = self.host.responder
-        async with responder.big_lane:
-            self.body = self.host.loop.create_future()
-            self._watch(self._readable)
-            self._process()
-            body = await self.body
-            self.body = None
-            self.head = None
-            self.host.enter(self, Phase.BUSY)
-            reply = await responder.answer_big(head, body)
+        try:
+            async with responder.big_lane:
+                self.body = self.host.loop.create_future()
+                self._watch(self._readable)
+                self._process()
+                body = await self.body
+                self.body = None
+                self.head = None
+                self.host.enter(self, Phase.BUSY)
+                reply = await responder.answer_big(head, body)
+        finally:  # answered, or cut off on its way: either way its memory is free now
+            self.host.big_done()
         self.task = None
         if not self.closed:
             self._write(head, reply)

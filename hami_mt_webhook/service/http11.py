@@ -3,7 +3,8 @@
 The webhook port serves kube-apiserver's POSTs of AdmissionReviews and nothing else, so the protocol
 is the small part of HTTP/1.1 those need: a request line, headers, a body of known length, keep-alive.
 Everything else gets a fixed answer that never echoes what the client sent: a malformed head 400, a
-body without Content-Length 411, one over the limit 413, another method 405, another path 404.
+body without Content-Length 411, one over the limit 413, another method 405, another path 404, a request
+line over its limit 414, a head over its limits 431.
 `connections` feeds bytes in; nothing here touches a socket.
 """
 
@@ -22,6 +23,8 @@ SERVER_NAME = "hami-mt-webhook"
 #: A request head longer than this, or with more header lines, is refused (Go's client sends about 250 bytes).
 MAX_HEAD = 16 * 1024
 MAX_HEADERS = 100
+#: A request line longer than this is refused (kube-apiserver's is `POST /<webhook>?timeout=3s HTTP/1.1`).
+MAX_REQUEST_LINE = 8 * 1024
 
 _CTL = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _ROUTE = re.compile(r"/((?:warn/)?[^/]+)")
@@ -53,6 +56,23 @@ class Answer:
     status: int
     body: bytes
     close: bool = False
+
+
+def head_end(buf: bytes | bytearray) -> int:
+    """Where the request head at the start of `buf` ends (the index of its blank line), or -1 while it may
+    still come; raises BadRequest past the limits (414 for the request line, then 431 for the head).
+
+    The limits are judged on the bytes, never on how they were split into reads: a line or a head that
+    has not ended within its limit is refused whether its end has arrived yet or not, so a client gets
+    the same answer whatever the size of its TLS records."""
+    end = buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
+    if 0 <= end <= MAX_REQUEST_LINE:  # the usual head: both limits kept
+        return end
+    if buf.find(b"\r\n", 0, MAX_REQUEST_LINE + 2) < 0 and len(buf) >= MAX_REQUEST_LINE + 2:
+        raise BadRequest(414)
+    if end < 0 and len(buf) >= MAX_HEAD + 4:
+        raise BadRequest(431)
+    return end
 
 
 def parse_head(head: bytes) -> Head:

@@ -40,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import functools
+import gc
 import logging
 import socket
 import ssl
@@ -59,14 +61,25 @@ REQUEST_WAITING_GRACE = 1.0
 #: dozen).
 TRIM_AFTER = 256
 
+#: Seconds without a large body (`Limits.big_body`) after which the heap is trimmed of what the large ones
+#: left: long enough that a steady stream of them keeps its memory, short enough to matter.
+TRIM_QUIET = 5.0
+
 
 def trim_heap() -> bool:
-    """glibc's malloc_trim(0): return free heap memory to the system; False where there is no glibc."""
+    """Return free heap memory to the system: a full collection first, which also empties the interpreter's
+    free lists, so that arenas of Python objects left with none are unmapped; then glibc's malloc_trim(0).
+    False where there is no glibc."""
+    gc.collect()
     try:
-        libc = ctypes.CDLL(None)
-        return bool(libc.malloc_trim(0))
+        return bool(_libc().malloc_trim(0))
     except (OSError, AttributeError):
         return False
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None)  # loaded once: each CDLL makes a class, garbage for the collector
 
 
 class Listener:
@@ -89,6 +102,7 @@ class Listener:
                           Phase.WRITING: limits.write_timeout}
         self._sweeper: asyncio.Task[None] | None = None
         self._high = 0  # the most connections open since the heap was last trimmed
+        self._big_at: float | None = None  # when the last large body was done with, since the last trim
 
     @property
     def refused(self) -> int:
@@ -154,6 +168,10 @@ class Listener:
             self._close(next(iter(handshakes)), "shed-handshake")
         self.enter(conn, Phase.HANDSHAKE)
 
+    def big_done(self) -> None:
+        """A large body was answered or cut off: the heap is trimmed once they stop coming (`_give_back`)."""
+        self._big_at = self.loop.time()
+
     def enter(self, conn: Conn, phase: Phase) -> None:
         if conn.closed:
             return
@@ -208,11 +226,14 @@ class Listener:
             self._give_back()
 
     def _give_back(self) -> None:
-        """After a burst of connections (a handshake flood, say), hand the memory their TLS state held back
-        to the system: glibc keeps freed memory in its arenas, so the process would stay at its peak."""
+        """Hand freed memory back to the system once what held it is gone: after a burst of connections (a
+        handshake flood: their TLS state), or `TRIM_QUIET` after the last large body (its bytes and parsed
+        objects). glibc keeps freed memory in its arenas, so the process would stay at its peak for life."""
         self._high = max(self._high, self._count)
-        if self._high >= TRIM_AFTER and self._count <= self._high // 4:
-            self._high = self._count
+        burst_gone = self._high >= TRIM_AFTER and self._count <= self._high // 4
+        bodies_gone = self._big_at is not None and self.loop.time() - self._big_at >= TRIM_QUIET
+        if burst_gone or bodies_gone:
+            self._high, self._big_at = self._count, None
             trim_heap()
 
     def close_expired(self, now: float) -> None:

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from hami_mt_webhook.service.http11 import BadRequest, Head, answer, error_answer, parse_head
+from hami_mt_webhook.service.http11 import (
+    MAX_HEAD,
+    MAX_REQUEST_LINE,
+    BadRequest,
+    Head,
+    answer,
+    error_answer,
+    head_end,
+    parse_head,
+)
+from tests.builders import padded_request
 
 GO_CLIENT = (b"POST /mutate-pods?timeout=3s HTTP/1.1\r\nHost: hami-mt-webhook.hami-mt-webhook.svc:443\r\n"
              b"User-Agent: kube-apiserver-admission\r\nContent-Length: 2712\r\nAccept: application/json, */*\r\n"
@@ -63,7 +73,35 @@ def test_answers_carry_length_server_and_close_only_when_asked():
     assert b"\r\nConnection: close" in answer(200, b"", close=True)
 
 
-@pytest.mark.parametrize("status", [400, 404, 405, 411, 413, 431, 505])
+def outcome(buf: bytes) -> int | str:
+    try:
+        return head_end(buf)
+    except BadRequest as bad:
+        return f"HTTP {bad.status}"
+
+
+@pytest.mark.parametrize(("line", "head", "expected"), [
+    (64, 300, 300),
+    (64, MAX_HEAD, MAX_HEAD),
+    (64, MAX_HEAD + 1, "HTTP 431"),
+    (64, 20_000, "HTTP 431"),
+    (MAX_REQUEST_LINE, MAX_REQUEST_LINE + 100, MAX_REQUEST_LINE + 100),
+    (MAX_REQUEST_LINE + 1, MAX_REQUEST_LINE + 100, "HTTP 414"),
+    (20_000, 20_040, "HTTP 414"),  # over both limits: the request line is told
+])
+def test_the_head_limits_hold_wherever_the_bytes_are_cut(line, head, expected):
+    """The connection asks after every read; each prefix of the bytes must give "not yet" or the answer the
+    whole gives, so no split into reads changes it (every prefix near a limit or a line end, a sample of
+    the rest)."""
+    data = padded_request(line, head)
+    assert outcome(data) == expected
+    marks = [MAX_REQUEST_LINE, MAX_HEAD, line, head, len(data)]
+    cuts = {n for mark in marks for n in range(mark - 6, mark + 7)} | set(range(0, len(data), 61))
+    seen = {outcome(data[:n]) for n in cuts if 0 <= n <= len(data)}
+    assert seen <= {-1, expected}, f"a prefix answered otherwise: {seen}"
+
+
+@pytest.mark.parametrize("status", [400, 404, 405, 411, 413, 414, 431, 505])
 def test_error_answers_are_fixed_text_and_close(status):
     out = error_answer(status)
     head, body = out.split(b"\r\n\r\n", 1)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import json
 import socket
 import ssl
@@ -10,8 +12,9 @@ import ssl
 import pytest
 
 from devtools import attacks
+from hami_mt_webhook.service.http11 import MAX_HEAD, MAX_REQUEST_LINE
 from hami_mt_webhook.service.listener import Limits
-from tests.builders import container, make_pod, review_body
+from tests.builders import container, make_pod, padded_request, review_body
 
 
 def client_context(ca_path) -> ssl.SSLContext:
@@ -395,3 +398,80 @@ async def test_the_heap_is_given_back_once_a_burst_of_connections_is_gone(serve_
         await eventually(lambda: trims == [1])
         await asyncio.sleep(0.6)
         assert trims == [1]  # once per burst, not on every sweep
+
+
+#: How the bytes of a request are written: whole (one write), in writes of 1,000 bytes, or cut inside the
+#: head's blank line. Each write is its own TLS record, so the server reads each on its own.
+SPLITS = {
+    "whole": lambda data: [],
+    "1000-byte writes": lambda data: list(range(1000, len(data), 1000)),
+    "cut in the blank line": lambda data: [data.index(b"\r\n\r\n") + 1, data.index(b"\r\n\r\n") + 3],
+}
+
+
+async def answers_to(running, data: bytes, split: str) -> list[int]:
+    """The statuses the server answers `data` with, written as `split` says, until it closes."""
+    reader, writer = await connect(running)
+    cuts = [0, *SPLITS[split](data), len(data)]
+    with contextlib.suppress(ConnectionError):  # a refused client may still be writing when the server closes
+        for start, end in itertools.pairwise(cuts):
+            writer.write(data[start:end])
+            await writer.drain()
+    statuses = []
+    with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+        while True:  # a hang is a failure: wait_for raises
+            statuses.append((await asyncio.wait_for(attacks.read_answer(reader), 5))[0])
+    writer.close()
+    return statuses
+
+
+@pytest.mark.parametrize("split", SPLITS)
+@pytest.mark.parametrize(("data", "expected"), [
+    pytest.param(padded_request(64, MAX_HEAD, good_body()), [200], id="head-at-the-limit"),
+    pytest.param(padded_request(64, MAX_HEAD + 1, good_body()), [431], id="head-one-byte-over"),
+    pytest.param(padded_request(64, 20_000, good_body()), [431], id="20KB-head"),
+    pytest.param(padded_request(MAX_REQUEST_LINE, 9000, good_body()), [200], id="request-line-at-the-limit"),
+    pytest.param(padded_request(MAX_REQUEST_LINE + 1, 9000, good_body()), [414], id="request-line-one-byte-over"),
+    pytest.param(padded_request(20_000, 20_100, good_body()), [414], id="20KB-request-line"),
+    pytest.param(request_bytes(good_body()) + padded_request(64, 20_000, good_body()), [200, 431],
+                 id="pipelined-20KB-head"),
+    pytest.param(request_bytes(good_body()) + padded_request(20_000, 20_100, good_body()), [200, 414],
+                 id="pipelined-20KB-request-line"),
+    pytest.param(b"POST /mutate-pods HTTP/1.1\r\nContent-Length: 4000000\r\n\r\n" + b"{" * 3000, [413],
+                 id="body-over-the-limit"),
+    pytest.param(request_bytes(good_body(), "Connection: close\r\n" + "X: y\r\n" * 96), [200],
+                 id="100-header-lines"),
+    pytest.param(request_bytes(good_body(), "Connection: close\r\n" + "X: y\r\n" * 97), [431],
+                 id="101-header-lines"),
+    pytest.param(b"POST /mutate-pods HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", [411],
+                 id="chunked"),
+])
+async def test_the_listeners_limits_hold_however_the_bytes_arrive(serve_webhook, data, expected, split):
+    """Each limit that meets the bytes as they are read (the request line, the head, its lines, the body's
+    length, a request pipelined behind another) answers the same whether the bytes come whole or cut."""
+    async with serve_webhook() as running:
+        assert await answers_to(running, data, split) == expected
+        assert b"200 OK" in await roundtrip(running)  # and it keeps serving
+
+
+async def test_the_heap_is_given_back_once_large_bodies_stop_coming(serve_webhook, monkeypatch):
+    """Large reviews leave their bytes and parsed objects in the allocators' arenas; the listener trims
+    `TRIM_QUIET` after the last one, once, and not while they keep coming."""
+    from hami_mt_webhook.service import listener as listener_module
+
+    trims: list[int] = []
+    monkeypatch.setattr(listener_module, "TRIM_QUIET", 0.8)
+    monkeypatch.setattr(listener_module, "trim_heap", lambda: trims.append(1) or True)
+    async with serve_webhook(limits=Limits(big_body=1024)) as running:
+        loop = asyncio.get_running_loop()
+        until = loop.time() + 2.0
+        while loop.time() < until:  # a large review every 0.2 s: never quiet for long enough
+            assert (await roundtrip_body(running, attacks.review(0.01))).startswith(b"HTTP/1.1 200 OK")
+            await asyncio.sleep(0.2)
+        assert trims == []
+        await eventually(lambda: trims == [1])
+        await asyncio.sleep(1.2)
+        assert trims == [1]  # once after they stop, not on every sweep
+        assert b"200 OK" in await roundtrip(running)  # a small review is no large body
+        await asyncio.sleep(1.2)
+        assert trims == [1]
