@@ -227,6 +227,8 @@ class Node:
         self.containerd: subprocess.Popen[bytes] | None = None
         self.kubelet: subprocess.Popen[bytes] | None = None
         self.cgroup_root = ""
+        #: The pause image, containerd's sandbox image (and a small image for a test pod).
+        self.pause = ""
         self._cgroups_made: list[Path] = []
         self._netns_inode = 0
         self._stopped = False
@@ -280,7 +282,7 @@ class Node:
             if not os.access(tool, os.X_OK):
                 raise NodeError(f"{tool} is missing: `make node-tools` installs containerd, runc and "
                                 "containernetworking-plugins")
-        pause = pause_image()
+        pause = self.pause = pause_image()
         archives = [image_archive(name) for name in [pause, *self.images]]
         started = time.monotonic()
         if self._parent_dir is not None:
@@ -297,7 +299,7 @@ class Node:
                                    apiserver_port=APISERVER_PORT, node_ip=NODE_IP,
                                    ready_timeout=self.ready_timeout)
             self.cp.start()
-            self.cgroup_root = f"{own_memory_cgroup().rstrip('/')}/hmw-node-{os.getpid()}"
+            self.cgroup_root = f"{own_memory_cgroup().rstrip('/')}/{self.workdir.name}"
             self._cgroups_made = make_cgroups(self.cgroup_root)
             self._start_containerd(pause)
             for archive in archives:
@@ -358,12 +360,22 @@ class Node:
         return done.stdout.strip()
 
     def pod_memory(self, namespace: str) -> dict[str, int]:
-        """Each running pod's working-set memory in bytes, as kubelet's /stats/summary reports it."""
-        raw = self.kubectl("get", "--raw", f"/api/v1/nodes/{NODE_NAME}/proxy/stats/summary").stdout
+        """Each running pod's working set in bytes (usage less inactive file pages, as kubelet counts it),
+        read from its memory cgroup: kubelet's own summary has no figures for pods under a nested cgroup
+        root on cgroup v1."""
+        pods = json.loads(self.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+        memory = next(h for h in hierarchies() if (h / "memory.usage_in_bytes").exists())
+        root = memory / self.cgroup_root.lstrip("/")
         out = {}
-        for pod in json.loads(raw).get("pods", []):
-            if pod["podRef"]["namespace"] == namespace:
-                out[pod["podRef"]["name"]] = int((pod.get("memory") or {}).get("workingSetBytes") or 0)
+        for pod in pods:
+            if pod["spec"].get("nodeName") != NODE_NAME or pod["status"].get("phase") != "Running":
+                continue
+            found = next(root.rglob(f"pod{pod['metadata']['uid']}"), None)
+            if found is None:
+                continue
+            usage = int((found / "memory.usage_in_bytes").read_text())
+            stat = dict(line.split() for line in (found / "memory.stat").read_text().splitlines())
+            out[pod["metadata"]["name"]] = max(0, usage - int(stat.get("total_inactive_file", 0)))
         return out
 
     # stopping ----------------------------------------------------------------------------------------------
@@ -375,8 +387,8 @@ class Node:
         self._stopped = True
         if self.cp is not None and self.kubelet is not None and self.kubelet.poll() is None:
             # kubelet stops the pods' containers and unmounts their volumes itself.
-            self.kubectl("delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=true",
-                         "--timeout=30s", check=False, timeout=45)
+            self.kubectl("delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={NODE_NAME}",
+                         "--grace-period=1", "--wait=true", "--timeout=30s", check=False, timeout=45)
         if self.kubelet is not None:
             terminate(self.kubelet)
         kill_pids(cgroup_pids(self._cgroups_made))  # containers kubelet did not stop
