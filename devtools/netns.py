@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import threading
@@ -52,12 +53,14 @@ def _setns(path: str) -> None:
 
 
 class Namespace:
-    """A network + mount namespace held by one `sleep` process; `setup` is shell run in it first, as
-    root (links and addresses)."""
+    """A network + mount namespace held by one shell; `setup` is shell run in it first, as root (links and
+    addresses), `on_exit` when the holder is stopped or when we die, even by SIGKILL (it is sent SIGTERM
+    then): what cleans up after a test run that was killed."""
 
-    def __init__(self, workdir: Path, setup: Sequence[str] = ()) -> None:
+    def __init__(self, workdir: Path, setup: Sequence[str] = (), on_exit: Sequence[str] = ()) -> None:
         self.workdir = workdir
         self.setup = list(setup)
+        self.on_exit = list(on_exit)
         self.holder: subprocess.Popen[bytes] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -86,9 +89,14 @@ class Namespace:
 
     def start(self, timeout: float = 10.0) -> Namespace:
         mounts = [f"mount -t tmpfs -o mode=0755 hmw-node {p}" for p in PRIVATE_TMPFS]
-        script = " && ".join(["ip link set lo up", *self.setup, *mounts, "echo ready", "exec sleep infinity"])
+        on_exit = self.workdir / "namespace-exit.sh"
+        on_exit.write_text("\n".join(["set +e", *self.on_exit, ""]))
+        script = "\n".join([" && ".join(["ip link set lo up", *self.setup, *mounts, "echo ready"]),
+                            "sleep infinity & held=$!",
+                            f"trap 'kill $held; . {shlex.quote(str(on_exit))}' TERM INT HUP",
+                            "wait $held || true"])
         self.holder = spawn(["unshare", "--net", "--mount", "--propagation", "private", "--", "sh", "-ec", script],
-                            self.workdir / "namespace.log", pipe=True)
+                            self.workdir / "namespace.log", pipe=True, death_signal=signal.SIGTERM)
         assert self.holder.stdout is not None
         deadline = time.monotonic() + timeout
         line = b""

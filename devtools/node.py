@@ -106,12 +106,14 @@ def image_archive(name: str) -> Path:
 # --- cgroups ----------------------------------------------------------------------------------------------
 
 
-def hierarchies() -> list[Path]:
-    """The mounted cgroup v1 hierarchies (the empty v2 `unified` one is not used)."""
+def hierarchies(unified: bool = False) -> list[Path]:
+    """The mounted cgroup v1 hierarchies; with `unified`, the v2 one of a hybrid layout too, where runc
+    mirrors the containers' cgroups (kubelet does not use it, but what is made there must go too)."""
     found = []
+    kinds = ("cgroup", "cgroup2") if unified else ("cgroup",)
     for line in Path("/proc/self/mounts").read_text().splitlines():
         fields = line.split()
-        if fields[2] == "cgroup" and Path(fields[1]).is_relative_to(CGROUP_ROOT):
+        if fields[2] in kinds and Path(fields[1]).is_relative_to(CGROUP_ROOT):
             found.append(Path(fields[1]))
     return sorted(set(found))
 
@@ -289,17 +291,17 @@ class Node:
             self._parent_dir.mkdir(parents=True, exist_ok=True)
         self.workdir = Path(tempfile.mkdtemp(prefix="hami-mt-node-", dir=self._parent_dir))
         try:
+            self.cgroup_root = f"{own_memory_cgroup().rstrip('/')}/{self.workdir.name}"
             self.ns = Namespace(self.workdir, setup=[
                 f"ip addr add {pki.SERVICE_IP}/32 dev lo",
                 f"ip link add {BRIDGE} type bridge", f"ip addr add {NODE_IP}/24 dev {BRIDGE}",
-                f"ip link set {BRIDGE} up"]).start()
+                f"ip link set {BRIDGE} up"], on_exit=reaper(self.workdir, self.cgroup_root)).start()
             self._netns_inode = self.ns.inode()
             self.cp = ControlPlane(bin_dir=bin_dir, workdir=self.workdir, controllers=True,
                                    command_prefix=self.ns.prefix, reach=self.ns.forward,
                                    apiserver_port=APISERVER_PORT, node_ip=NODE_IP,
                                    ready_timeout=self.ready_timeout)
             self.cp.start()
-            self.cgroup_root = f"{own_memory_cgroup().rstrip('/')}/{self.workdir.name}"
             self._cgroups_made = make_cgroups(self.cgroup_root)
             self._start_containerd(pause)
             for archive in archives:
@@ -401,20 +403,45 @@ class Node:
             self.cp.stop()
         if self.ns is not None:
             self.ns.stop()
-        remove_cgroups(self._cgroups_made)
+        remove_cgroups([*self._cgroup_dirs(), *self._cgroups_made])
         if self.workdir != Path():
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _cgroup_dirs(self) -> list[Path]:
+        """The node's cgroup root in every hierarchy, the unified one included."""
+        if not self.cgroup_root:
+            return []
+        return [h / self.cgroup_root.lstrip("/") for h in hierarchies(unified=True)]
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of this node is still on the machine (nothing, after `stop()`): mounts under the work dir,
         cgroups, processes in its network namespace, the work dir."""
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
                   if self.workdir != Path() and line.split()[1].startswith(str(self.workdir))]
-        cgroups = [str(h / self.cgroup_root.lstrip("/")) for h in hierarchies()
-                   if self.cgroup_root and (h / self.cgroup_root.lstrip("/")).exists()]
+        cgroups = [str(d) for d in self._cgroup_dirs() if d.exists()]
         procs = [str(p) for p in pids_in_netns(self._netns_inode)] if self._netns_inode else []
         files = [str(self.workdir)] if self.workdir != Path() and self.workdir.exists() else []
         return {"mounts": mounts, "cgroups": cgroups, "processes": procs, "files": files}
+
+
+def reaper(workdir: Path, cgroup_root: str) -> list[str]:
+    """Shell for the namespace's holder to run when it stops: after `Node.stop()` it finds nothing, but when
+    the test process was killed (and with it kubelet, containerd and the control plane), it stops the
+    containers and shims left, removes the cgroups and the work dir."""
+    dirs = " ".join(str(h / cgroup_root.lstrip("/")) for h in hierarchies(unified=True))
+    return [
+        f"for f in $(find {dirs} -name cgroup.procs 2>/dev/null); do kill -9 $(cat $f) 2>/dev/null; done",
+        "net=$(readlink /proc/$$/ns/net)",
+        'for p in /proc/[0-9]*; do pid=${p#/proc/}; [ "$pid" != $$ ] && '
+        '[ "$(readlink $p/ns/net 2>/dev/null)" = "$net" ] && kill -9 $pid 2>/dev/null; done',
+        f"for i in 1 2 3 4 5 6 7 8 9 10; do find {dirs} -depth -type d -exec rmdir {{}} + 2>/dev/null; "
+        f"[ -z \"$(ls -d {dirs} 2>/dev/null)\" ] && break; sleep 0.3; done",
+        # Our parent gone (the holder was given to another), not merely stopping us: the work dir goes too.
+        f"if [ \"$(cut -d' ' -f4 /proc/$$/stat)\" != {os.getpid()} ]; then",
+        f"  grep -o ' {workdir}[^ ]*' /proc/self/mounts | sort -r | xargs -r umount -l",
+        f"  rm -rf {workdir}",
+        "fi",
+    ]
 
 
 # --- configurations ---------------------------------------------------------------------------------------

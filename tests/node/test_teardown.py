@@ -1,13 +1,15 @@
-"""A node of its own, with a pod running, stopped: nothing of it is left on the machine."""
+"""A node of its own, with a pod running, stopped or killed: nothing of it is left on the machine."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+from devtools.binaries import REPO_ROOT
 from devtools.node import Node, hierarchies, own_memory_cgroup
 
 
@@ -21,7 +23,7 @@ def snapshot() -> dict[str, set[str]]:
         "netns": set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()),
         "links": {line.split(":")[1].strip() for line in subprocess.run(
             ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()},
-        "cgroups": {str(d) for h in hierarchies() for d in (h / own).glob("*") if d.is_dir()},
+        "cgroups": {str(d) for h in hierarchies(unified=True) for d in (h / own).glob("*") if d.is_dir()},
         "processes": {e.name for e in Path("/proc").iterdir() if e.name.isdigit()},
     }
 
@@ -70,3 +72,45 @@ def _cmdline(pid: str) -> str:
         return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
     except OSError:
         return ""
+
+
+KILLED_RUN = """
+import json, sys, time
+from devtools.node import Node
+node = Node()
+node.start()
+pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
+       "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
+node.kubectl("create", "-f", "-", input=json.dumps(pod))
+while node.kubectl("get", "pod", "holder", "-o", "jsonpath={.status.phase}").stdout != "Running":
+    time.sleep(0.25)
+dirs = [str(d) for d in node._cgroup_dirs()]
+print(json.dumps({"workdir": str(node.workdir), "inode": node.ns.inode(), "cgroups": dirs}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_run_leaves_nothing_either() -> None:
+    """SIGKILL the process that started a node with a pod running: kubelet, containerd and the control
+    plane die with it, and the namespace's holder stops the containers and shims, removes the cgroups and
+    the work dir."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        started = json.loads(line)
+    finally:
+        proc.kill()
+        proc.wait()
+    workdir, inode = Path(started["workdir"]), started["inode"]
+    assert [Path(d).is_dir() for d in started["cgroups"]] and workdir.is_dir()
+    deadline = time.monotonic() + 30
+    while workdir.exists() or any(Path(d).exists() for d in started["cgroups"]) or _netns_pids(inode):
+        assert time.monotonic() < deadline, (workdir.exists(), started["cgroups"], _netns_pids(inode))
+        time.sleep(0.2)
+
+
+def _netns_pids(inode: int) -> list[str]:
+    return [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and _in_netns(e.name, inode)]
