@@ -213,15 +213,15 @@ def _zombie(pid: int) -> bool:
 class Node:
     """The control plane, containerd and kubelet in a namespace of their own; single use, like ControlPlane.
 
-    `images` are podman images imported into containerd (the chart's by default); the pause image always
-    is. `version` picks the Kubernetes binaries as `devtools.binaries` does.
+    `images` are podman images imported into containerd (the chart's by default; none: the pause image
+    only, which always is). `version` picks the Kubernetes binaries as `devtools.binaries` does.
     """
 
     def __init__(self, *, workdir: Path | None = None, version: str | None = None,
-                 images: Sequence[str] = (), ready_timeout: float = 120.0) -> None:
+                 images: Sequence[str] | None = None, ready_timeout: float = 120.0) -> None:
         self._parent_dir = workdir
         self.version = version
-        self.images = list(images) if images else [image.reference()]
+        self.images = [image.reference()] if images is None else list(images)
         self.ready_timeout = ready_timeout
         self.workdir = Path()
         self.ns: Namespace | None = None
@@ -345,9 +345,11 @@ class Node:
                              self.workdir / "kubelet.log")
 
     def wait_ready(self, timeout: float | None = None) -> None:
-        """Until the node reports Ready (kubelet, containerd and CNI all answer)."""
+        """Until the node reports Ready (kubelet, containerd and CNI all answer) and namespace `default` has
+        its ServiceAccount (a pod created before the controller makes it is refused)."""
         deadline = time.monotonic() + (timeout or self.ready_timeout)
-        while self.ready_status() != "True":
+        while self.ready_status() != "True" or self.kubectl("get", "serviceaccount", "default", "-n", "default",
+                                                           check=False).returncode != 0:
             if self.kubelet is not None and self.kubelet.poll() is not None:
                 raise NodeError(f"kubelet exited with {self.kubelet.returncode}; end of its log:\n"
                                 f"{tail(self.workdir / 'kubelet.log')}")

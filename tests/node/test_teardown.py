@@ -30,7 +30,7 @@ def snapshot() -> dict[str, set[str]]:
 
 def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
     before = snapshot()
-    node = Node()
+    node = Node(images=())
     node.start()
     try:
         workdir = node.workdir
@@ -77,7 +77,7 @@ def _cmdline(pid: str) -> str:
 KILLED_RUN = """
 import json, sys, time
 from devtools.node import Node
-node = Node()
+node = Node(images=())
 node.start()
 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
        "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
