@@ -3,8 +3,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
 
-.PHONY: setup run test test-unit test-e2e test-e2e-floor compat lint bench wrk prometheus image image-tools \
-	controlplane controlplane-floor certs clean
+.PHONY: setup run test test-unit test-e2e test-e2e-floor test-node compat lint bench wrk prometheus image \
+	image-tools node-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +19,7 @@ setup: $(VENV)/.installed
 KUBE_VERSION ?= newest
 export HAMI_MT_KUBE_VERSION := $(KUBE_VERSION)
 
-controlplane:  ## build etcd, kube-apiserver, kubectl and helm for KUBE_VERSION (cached outside the tree)
+controlplane:  ## build etcd, kube-apiserver, kubectl, kubelet and helm for KUBE_VERSION (cached outside the tree)
 	KUBE_VERSION=$(KUBE_VERSION) scripts/build-controlplane.sh
 
 controlplane-floor:  ## the same for the oldest Kubernetes the chart accepts
@@ -73,6 +73,27 @@ image-tools:  ## podman, runc and mmdebstrap (Debian packages; installed when ro
 	    echo "missing:$$missing (install them, or build with docker: docker build -t hami-mt-webhook .)" >&2; exit 1; \
 	  fi; \
 	fi
+
+# containerd, runc and the CNI plugins of the node tier (Debian packages). On a host booted with systemd the
+# containerd package also enables its own containerd.service: `systemctl disable --now containerd` if unwanted
+# (the node tier starts its own, with its own socket and directories).
+node-tools:  ## containerd, runc and containernetworking-plugins (installed when root with apt-get)
+	@missing=; \
+	for pkg in containerd:/usr/bin/containerd runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge; do \
+	  [ -x "$${pkg#*:}" ] || missing="$$missing $${pkg%%:*}"; done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y -q$$missing || { apt-get update -q && apt-get install -y -q$$missing; }; \
+	  else \
+	    echo "missing:$$missing (Debian packages; the node tier needs them and root)" >&2; exit 1; \
+	  fi; \
+	fi
+
+# The node tier: the chart on a real kubelet in a network namespace of its own (root; tests/node). Only
+# when asked: `make test` does not run it.
+test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet (KUBE_VERSION as above)
+	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	$(PY) -m pytest -q -m node
 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)

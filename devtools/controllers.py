@@ -17,6 +17,9 @@ make the local control plane do the same, so the tests see what the webhook's re
 - kube-controller-manager runs only the controllers on that path (`CONTROLLERS`): the others watch
   every pod or write to every node or namespace (endpoints, disruption, TTL, pod GC, root CA ...),
   CPU that two cores shared with the API server, the webhook and the tests cannot spare.
+- With a real kubelet (`devtools.node`) there is a Ready condition to keep and pods run: then every
+  controller runs (`EVERY`: endpoints for the webhook's Service, the node lifecycle, the root CA that
+  service-account volumes mount) and kube-scheduler answers to `default-scheduler` too.
 """
 
 from __future__ import annotations
@@ -36,15 +39,19 @@ IGNORED_RESOURCES = ("mthreads.com/vgpu",)
 CONTROLLERS = ("deployment-controller", "replicaset-controller", "statefulset-controller",
                "daemonset-controller", "job-controller", "cronjob-controller", "resourcequota-controller",
                "namespace-controller", "garbage-collector-controller", "serviceaccount-controller")
+#: A cluster with kubelets: all but the bootstrap-token controllers (no bootstrap tokens are used).
+EVERY = ("*", "-bootstrapsigner", "-tokencleaner")
 
 
-def scheduler_config(kubeconfig: Path) -> dict:
-    """A KubeSchedulerConfiguration with the one `hami-scheduler` profile."""
+def scheduler_config(kubeconfig: Path, default: bool = False) -> dict:
+    """A KubeSchedulerConfiguration with the one `hami-scheduler` profile (and `default-scheduler` first,
+    with `default`)."""
+    profiles: list[dict] = [{"schedulerName": "default-scheduler"}] if default else []
     return {
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "leaderElection": {"leaderElect": False},
-        "profiles": [{"schedulerName": SCHEDULER_NAME, "pluginConfig": [
+        "profiles": [*profiles, {"schedulerName": SCHEDULER_NAME, "pluginConfig": [
             {"name": "NodeResourcesFit", "args": {"ignoredResources": list(IGNORED_RESOURCES)}}]}],
     }
 
@@ -61,9 +68,10 @@ def _serving(d: Path, ca: certs.KeyPair, name: str) -> list[str]:
     return [f"--tls-cert-file={d / f'{name}.crt'}", f"--tls-private-key-file={d / f'{name}.key'}"]
 
 
-def scheduler_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, port: int) -> list[str]:
+def scheduler_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, port: int,
+                  default: bool = False) -> list[str]:
     config = d / "kube-scheduler.yaml"
-    certs.write_atomic(config, yaml.safe_dump(scheduler_config(kubeconfig), sort_keys=False).encode())
+    certs.write_atomic(config, yaml.safe_dump(scheduler_config(kubeconfig, default), sort_keys=False).encode())
     return [str(bin_dir / "kube-scheduler"), f"--config={config}", "--bind-address=127.0.0.1",
             f"--secure-port={port}", *_serving(d, ca, "kube-scheduler"),
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",
@@ -71,13 +79,13 @@ def scheduler_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, p
 
 
 def controller_manager_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path,
-                           port: int) -> list[str]:
+                           port: int, every: bool = False) -> list[str]:
     return [
         str(bin_dir / "kube-controller-manager"), f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}", *_QUIET,
         "--bind-address=127.0.0.1", f"--secure-port={port}", *_serving(d, ca, "kube-controller-manager"),
         "--leader-elect=false",
-        "--controllers=" + ",".join(CONTROLLERS),
+        "--controllers=" + ",".join(EVERY if every else CONTROLLERS),
         # Each controller as its own ServiceAccount, with the bootstrap roles, as on a real cluster.
         "--use-service-account-credentials=true",
         f"--service-account-private-key-file={d / 'sa.key'}", f"--root-ca-file={d / 'ca.crt'}",

@@ -10,6 +10,11 @@ binaries come from `devtools.binaries`, the certificates from `devtools.pki`.
 
 `python -m devtools.controlplane up|down` (the end of this module) runs one from a shell and stops it
 from another.
+
+The node tier (`devtools.node`) runs the same processes inside a network namespace of its own, with a
+kubelet beside them: `command_prefix` enters it, `reach` gives the loopback port here that leads to a
+port there, and `node_ip` turns on what a real node needs (Node authorization, the kubelet's client
+certificate, every controller, a default scheduler).
 """
 
 from __future__ import annotations
@@ -64,11 +69,26 @@ class ControlPlane:
     property: a fresh directory made inside the `workdir` argument (default: the system temp dir), so
     several control planes can share a parent; it is removed on stop unless `keep`.
     `apiserver_args` are appended to the kube-apiserver flags (feature gates, audit, ...).
+
+    For a real node (`devtools.node`): `command_prefix` is put before every command started (entering a
+    namespace), `reach(port)` is the loopback port here that leads to `port` where they listen,
+    `apiserver_port` fixes the API server's port, and `node_ip` is where kubelets and pods are: the API
+    server listens on every address of its namespace, advertises `node_ip`, authorizes kubelets (Node,
+    NodeRestriction) and reaches them with a client certificate; every controller runs, and kube-scheduler
+    answers to `default-scheduler` too.
     """
 
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, keep: bool = False,
                  ready_timeout: float = 90.0, apiserver_args: Sequence[str] = (),
-                 controllers: bool = False) -> None:
+                 controllers: bool = False, command_prefix: Sequence[str] = (),
+                 reach: Callable[[int], int] | None = None, apiserver_port: int | None = None,
+                 node_ip: str | None = None) -> None:
+        self.command_prefix = list(command_prefix)
+        self._reach = reach or (lambda port: port)
+        self._fixed_apiserver_port = apiserver_port
+        self.node_ip = node_ip
+        #: The loopback port here that leads to the API server (its own port unless `reach` says otherwise).
+        self.local_apiserver_port = 0
         self._bin_dir = bin_dir
         self._parent_dir = workdir
         self.keep = keep
@@ -95,6 +115,12 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
+        """The API server's URL from this process (the admin kubeconfig's, kubectl's, the tests')."""
+        return f"https://127.0.0.1:{self.local_apiserver_port or self.apiserver_port}"
+
+    @property
+    def inner_server(self) -> str:
+        """The API server's URL where it runs: for the components started beside it."""
         return f"https://127.0.0.1:{self.apiserver_port}"
 
     @property
@@ -131,11 +157,20 @@ class ControlPlane:
     @property
     def pids(self) -> dict[str, int]:
         """Pids of the running children, by binary name."""
-        return {Path(str(p.args[0])).name: p.pid for p in self._procs if p.poll() is None}
+        return {self._name(p): p.pid for p in self._procs if p.poll() is None}
 
     def exited(self) -> list[str]:
         """The started processes that are no longer running: a supervisor's signal to give up."""
-        return [Path(str(p.args[0])).name for p in self._procs if p.poll() is not None]
+        return [self._name(p) for p in self._procs if p.poll() is not None]
+
+    def _name(self, proc: subprocess.Popen[bytes]) -> str:
+        return Path(str(list(proc.args)[len(self.command_prefix)])).name  # type: ignore[arg-type]
+
+    def spawn(self, cmd: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
+        """Start `cmd` where the control plane runs (after `command_prefix`), stopped with it."""
+        proc = _spawn([*self.command_prefix, *cmd], log)
+        self._procs.append(proc)
+        return proc
 
     # lifecycle ----------------------------------------------------------------------------------------
 
@@ -161,6 +196,8 @@ class ControlPlane:
         try:
             self._ca = pki.write_pki(self.workdir)
             self.etcd_client_port, self.etcd_peer_port, self.apiserver_port = _free_ports(3)
+            if self._fixed_apiserver_port:
+                self.apiserver_port = self._fixed_apiserver_port
             self._start_etcd(bin_dir)
             self._start_apiserver(bin_dir)
             pki.write_kubeconfig(self.kubeconfig, self.server, self.ca_pem, "admin",
@@ -197,7 +234,7 @@ class ControlPlane:
         client = f"http://127.0.0.1:{self.etcd_client_port}"
         peer = f"http://127.0.0.1:{self.etcd_peer_port}"
         log = self.workdir / "etcd.log"
-        proc = _spawn([
+        proc = self.spawn([
             str(bin_dir / "etcd"),
             "--name=default",
             f"--data-dir={self.workdir / 'etcd'}",
@@ -207,11 +244,12 @@ class ControlPlane:
             "--quota-backend-bytes=2147483648",
             "--unsafe-no-fsync",  # throwaway data: durability costs seconds per test run
         ], log)
-        self._procs.append(proc)
-        self._wait("etcd", proc, log, f"{client}/health",
+        self._wait("etcd", proc, log, f"http://127.0.0.1:{self._reach(self.etcd_client_port)}/health",
                    lambda body: json.loads(body).get("health") == "true")
 
     def _apiserver_cmd(self, bin_dir: Path) -> list[str]:
+        if self.node_ip:
+            return self._node_apiserver_cmd(bin_dir, self.node_ip)
         d = self.workdir
         return [
             str(bin_dir / "kube-apiserver"),
@@ -240,10 +278,43 @@ class ControlPlane:
             *self.apiserver_args,
         ]
 
+    def _node_apiserver_cmd(self, bin_dir: Path, node_ip: str) -> list[str]:
+        """The flags of a cluster with kubelets: the admission plugins' defaults (ServiceAccount gives pods
+        their tokens) plus the webhooks and NodeRestriction, Node authorization, a client certificate for
+        kubelets, Services called through their endpoints (there is no kube-proxy), and the `kubernetes`
+        endpoints at `node_ip`, where pods reach it."""
+        d = self.workdir
+        return [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{self.etcd_client_port}",
+            "--bind-address=0.0.0.0", f"--advertise-address={node_ip}",
+            f"--secure-port={self.apiserver_port}",
+            f"--tls-cert-file={d / 'apiserver.crt'}", f"--tls-private-key-file={d / 'apiserver.key'}",
+            f"--client-ca-file={d / 'ca.crt'}",
+            "--authorization-mode=Node,RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc",
+            f"--service-account-key-file={d / 'sa.pub'}",
+            f"--service-account-signing-key-file={d / 'sa.key'}",
+            f"--service-cluster-ip-range={pki.SERVICE_CIDR}",
+            "--enable-admission-plugins=NodeRestriction,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,"
+            "ValidatingAdmissionPolicy",
+            f"--admission-control-config-file={d / 'admission.yaml'}",
+            "--allow-privileged=true",
+            f"--kubelet-client-certificate={d / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={d / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={d / 'ca.crt'}",
+            "--kubelet-preferred-address-types=InternalIP",
+            "--enable-aggregator-routing=true",
+            *self.apiserver_args,
+        ]
+
     def _start_apiserver(self, bin_dir: Path) -> None:
         log = self.workdir / "kube-apiserver.log"
-        proc = _spawn(self._apiserver_cmd(bin_dir), log)
-        self._procs.append(proc)
+        if self.node_ip:
+            assert self._ca is not None
+            pki.write_kubelet_client(self.workdir, self._ca)
+        proc = self.spawn(self._apiserver_cmd(bin_dir), log)
+        self.local_apiserver_port = self._reach(self.apiserver_port)
         self._wait("kube-apiserver", proc, log, f"{self.server}/readyz", lambda body: body.strip() == b"ok")
         # /readyz does not cover the system namespaces; tests create objects in `default` at once.
         self._wait("kube-apiserver", proc, log, f"{self.server}/api/v1/namespaces/default", lambda body: True)
@@ -252,7 +323,7 @@ class ControlPlane:
 
     def restart_apiserver(self, down: float = 0.0) -> None:
         """Kill kube-apiserver as a crash would (SIGKILL), wait `down` seconds, start it again on its port."""
-        for proc in [p for p in self._procs if Path(str(p.args[0])).name == "kube-apiserver"]:
+        for proc in [p for p in self._procs if self._name(p) == "kube-apiserver"]:
             proc.kill()
             proc.wait()
             self._procs.remove(proc)
@@ -264,14 +335,17 @@ class ControlPlane:
         return."""
         assert self._ca is not None
         d = self.workdir
-        for name, command in (("kube-controller-manager", controllers.controller_manager_cmd),
-                              ("kube-scheduler", controllers.scheduler_cmd)):
-            kubeconfig = self.user_kubeconfig(f"system:{name}")
+        everything = self.node_ip is not None
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            kubeconfig = pki.user_kubeconfig(d, self._ca, self.inner_server, f"system:{name}")
             port = _free_ports(1)[0]
             log = d / f"{name}.log"
-            proc = _spawn(command(bin_dir, d, self._ca, kubeconfig, port), log)
-            self._procs.append(proc)
-            self._wait(name, proc, log, f"https://127.0.0.1:{port}/healthz",
+            if name == "kube-scheduler":
+                cmd = controllers.scheduler_cmd(bin_dir, d, self._ca, kubeconfig, port, default=everything)
+            else:
+                cmd = controllers.controller_manager_cmd(bin_dir, d, self._ca, kubeconfig, port, every=everything)
+            proc = self.spawn(cmd, log)
+            self._wait(name, proc, log, f"https://127.0.0.1:{self._reach(port)}/healthz",
                        lambda body: body.strip() == b"ok")
 
     def _opener(self) -> urllib.request.OpenerDirector:

@@ -45,6 +45,24 @@ def write_pki(d: Path) -> certs.KeyPair:
     return ca
 
 
+def write_kubelet_client(d: Path, ca: certs.KeyPair) -> None:
+    """The API server's client pair for kubelets (logs, exec, port-forward), in system:masters as kubeadm's
+    `apiserver-kubelet-client` is: kubelets ask the API server whether it may."""
+    pair = certs.issue(ca, "kube-apiserver-kubelet-client", orgs=["system:masters"], server=False, client=True)
+    certs.write_pair(pair, d / "apiserver-kubelet-client.crt", d / "apiserver-kubelet-client.key")
+
+
+def write_node_pki(d: Path, ca: certs.KeyPair, server: str, node: str, node_ip: str) -> Path:
+    """A kubelet's identity: its client certificate (`system:node:<node>` in `system:nodes`, what Node
+    authorization and NodeRestriction key on) in a kubeconfig for `server`, and its serving pair for
+    `node_ip`, both signed by `ca`, in `d`; returns the kubeconfig."""
+    serving = certs.issue(ca, f"system:node:{node}", dns=[node, "localhost"], ips=["127.0.0.1", node_ip])
+    certs.write_pair(serving, d / "kubelet-serving.crt", d / "kubelet-serving.key")
+    client = certs.issue(ca, f"system:node:{node}", orgs=["system:nodes"], server=False, client=True)
+    return write_kubeconfig(d / "kubelet.kubeconfig", server, ca.cert_pem(), f"system:node:{node}",
+                            client.cert_pem(), client.key_pem())
+
+
 def _write_admission_config(d: Path, ca: certs.KeyPair) -> None:
     """An AdmissionConfiguration giving the API server a client certificate for every webhook it calls.
 

@@ -45,8 +45,9 @@ def free_port() -> int:
     return free_ports(1)[0]
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A preexec function asking Linux to SIGKILL the child when we die, even by SIGKILL.
+def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
+    """A preexec function asking Linux to SIGKILL the child when we die, even by SIGKILL (or to send `sig`,
+    for a child that cleans up after itself).
 
     atexit and finalizers cover every ending but SIGKILL and a crash; this covers those. SIGKILL, not
     SIGTERM: the control plane's children would get it at once, and an apiserver shutting down gracefully
@@ -63,7 +64,7 @@ def die_with_parent() -> Callable[[], None] | None:
     pr_set_pdeathsig = 1
 
     def preexec() -> None:
-        prctl(pr_set_pdeathsig, signal.SIGKILL)
+        prctl(pr_set_pdeathsig, sig)
         if os.getppid() != parent:  # the parent died before prctl took effect
             os._exit(1)
 
@@ -71,7 +72,7 @@ def die_with_parent() -> Callable[[], None] | None:
 
 
 def spawn(cmd: Sequence[str], log: Path, *, pipe: bool = False, env: dict[str, str] | None = None,
-          cwd: Path | None = None, mode: str = "ab") -> subprocess.Popen[bytes]:
+          cwd: Path | None = None, mode: str = "ab", death_signal: int = signal.SIGKILL) -> subprocess.Popen[bytes]:
     """Start a child in its own session, dying with us, its output in `log` (opened with `mode`).
 
     With `pipe` its stdout is a pipe (for a readiness line, a JSON result) and only stderr goes to `log`.
@@ -79,7 +80,7 @@ def spawn(cmd: Sequence[str], log: Path, *, pipe: bool = False, env: dict[str, s
     with open(log, mode) as fh:
         return subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if pipe else fh,
                                 stderr=fh if pipe else subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True, preexec_fn=die_with_parent())
+                                start_new_session=True, preexec_fn=die_with_parent(death_signal))
 
 
 def signal_group(pgid: int, sig: int) -> None:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl and helm from their Go
-# modules into a cache keyed by version, outside the work tree, so a second run (and CI on the same
-# machine) takes seconds. Prints the cache directory on stdout; progress goes to stderr.
+# Builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kubelet (the node tier)
+# and helm from their Go modules into a cache keyed by version, outside the work tree, so a second run
+# (and CI on the same machine) takes seconds. Prints the cache directory on stdout; progress goes to stderr.
 #
 #   scripts/build-controlplane.sh                  the newest Kubernetes pinned in controlplane/kubernetes/
 #   KUBE_VERSION=floor scripts/build-controlplane.sh   the oldest pinned one (the chart's floor)
@@ -78,6 +78,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 EOF
   use_toolchain_for "$dir/go.mod"
@@ -163,6 +164,7 @@ targets=(
   "kube-controller-manager|$mod_dir|k8s.io/kubernetes/cmd/kube-controller-manager|$k8s_ldflags"
   "kube-scheduler|$mod_dir|k8s.io/kubernetes/cmd/kube-scheduler|$k8s_ldflags"
   "kubectl|$mod_dir|k8s.io/kubernetes/cmd/kubectl|$k8s_ldflags"
+  "kubelet|$mod_dir|k8s.io/kubernetes/cmd/kubelet|$k8s_ldflags"
   "helm|$cp_dir/helm|helm.sh/helm/v4/cmd/helm|$helm_ldflags"
 )
 missing=()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 from typing import Any
 
 import aiohttp.web
@@ -62,7 +63,11 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
         await aiohttp.web.TCPSite(runner, health_addr, health_port).start()
         if metrics_port and metrics_port != health_port:
             await aiohttp.web.TCPSite(runner, health_addr, metrics_port).start()
-        await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True)
+        # An identity of our own: kopf's default asks the user database for the name of our uid, and the
+        # image's 65532 has no entry there (podman adds one when it runs a container, containerd does not).
+        identity: Any = f"hami-mt-webhook@{socket.gethostname()}"  # kopf's Identity, a str it does not export
+        await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True,
+                            identity=identity)
     finally:
         watcher.cancel()
         quota_watcher.cancel()

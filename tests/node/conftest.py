@@ -1,0 +1,98 @@
+"""The node tier: the chart on a real kubelet, containerd and CNI, in a namespace of their own.
+
+It needs root, containerd, runc, the CNI plugins (`make node-tools`), kubelet (built with the control
+plane) and the image (`make image`), and minutes, so it runs only when asked: `pytest -m node`
+(`make test-node`); any other run, `-m e2e` and `-m "not e2e"` included, leaves it out. One node serves
+the session. What it measured is printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devtools import local
+from devtools.binaries import ControlPlaneError
+from devtools.node import Node
+
+NODE_DIR = Path(__file__).resolve().parent
+NAMESPACE = local.NAMESPACE
+NO_KUBELET = "hami-mt.example/no-kubelet"
+#: Lines for the summary at the end of the run: what the tier measured.
+MEASURED: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark everything here `node`; leave it out unless the marker expression names it."""
+    ours = [item for item in items if item.path.is_relative_to(NODE_DIR)]
+    for item in ours:
+        item.add_marker(pytest.mark.node)
+    if "node" not in (config.option.markexpr or ""):
+        config.hook.pytest_deselected(items=ours)
+        items[:] = [item for item in items if not item.path.is_relative_to(NODE_DIR)]
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if MEASURED:
+        terminalreporter.section("node tier: measured")
+        for line in MEASURED:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def node() -> Iterator[Node]:
+    started = time.monotonic()
+    n = Node()
+    try:
+        n.start()
+    except (ControlPlaneError, RuntimeError) as e:
+        pytest.fail(f"the node did not start:\n{e}", pytrace=False)
+    MEASURED.append(f"node {n.controlplane.git_version} Ready {n.kubelet_ready_seconds:.1f} s after kubelet "
+                    f"started, {n.startup_seconds:.1f} s after the start (control plane and image import "
+                    "included)")
+    try:
+        yield n
+    finally:
+        n.stop()
+        MEASURED.append(f"tier session {time.monotonic() - started:.0f} s from the node's start to its teardown")
+
+
+@pytest.fixture(scope="session")
+def chart(node: Node) -> Iterator[Node]:
+    """The chart installed as the README's Install section says, with its defaults and the built image
+    (the repository as containerd names the imported image), 3 replicas Ready through their probes."""
+    node.kubectl("create", "namespace", NAMESPACE)
+    node.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
+                 "pod-security.kubernetes.io/enforce=restricted")
+    local.apply_nodes(node.controlplane, example_nodes())
+    started = time.monotonic()
+    local.helm(node.controlplane, "install", local.RELEASE, str(local.CHART), "-n", NAMESPACE,
+               "--set", "image.repository=localhost/hami-mt-webhook")
+    deadline = started + 180
+    while ready_replicas(node) != 3:
+        if time.monotonic() > deadline:
+            pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
+            events = node.kubectl("get", "events", "-n", NAMESPACE).stdout[-4000:]
+            pytest.fail(f"3 replicas not Ready 180 s after helm install:\n{pods}\n{events}", pytrace=False)
+        time.sleep(0.25)
+    MEASURED.append(f"helm install to 3 replicas Ready: {time.monotonic() - started:.1f} s")
+    yield node
+
+
+def example_nodes() -> list[dict]:
+    """The example sliced nodes, as Node objects beside the real one: capacity for the webhook to read. No
+    kubelet runs them, so a taint keeps every pod that does not ask for them (the chart's) off them."""
+    nodes = local.example_nodes()
+    for n in nodes:
+        spec = n.setdefault("spec", {})
+        spec["taints"] = [*(spec.get("taints") or []), {"key": NO_KUBELET, "effect": "NoSchedule"}]
+    return nodes
+
+
+def ready_replicas(node: Node) -> int:
+    out = node.kubectl("get", "deployment", local.RELEASE, "-n", NAMESPACE, "-o",
+                       "jsonpath={.status.readyReplicas}", check=False).stdout.strip()
+    return int(out or 0)

@@ -1,0 +1,116 @@
+"""A node of its own, with a pod running, stopped or killed: nothing of it is left on the machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from devtools.binaries import REPO_ROOT
+from devtools.node import Node, hierarchies, own_memory_cgroup
+
+
+def snapshot() -> dict[str, set[str]]:
+    """What a node could leave, on the machine: other programs' mounts and links may come and go meanwhile,
+    so only the kinds a node makes are compared (its tmpfs, its directories, CNI's names, the bridge)."""
+    own = own_memory_cgroup().lstrip("/")
+    ours = ("hmw", "hami-mt-node", "/netns/cni-", "containerd", "kubelet")
+    return {
+        "mounts": {m for m in Path("/proc/self/mounts").read_text().splitlines() if any(o in m for o in ours)},
+        "netns": set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()),
+        "links": {line.split(":")[1].strip() for line in subprocess.run(
+            ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()},
+        "cgroups": {str(d) for h in hierarchies(unified=True) for d in (h / own).glob("*") if d.is_dir()},
+        "processes": {e.name for e in Path("/proc").iterdir() if e.name.isdigit()},
+    }
+
+
+def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
+    before = snapshot()
+    node = Node(images=())
+    node.start()
+    try:
+        workdir = node.workdir
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
+               "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
+        node.kubectl("create", "-f", "-", input=json.dumps(pod))
+        deadline = time.monotonic() + 60
+        while node.kubectl("get", "pod", "holder", "-o", "jsonpath={.status.phase}").stdout != "Running":
+            assert time.monotonic() < deadline, "the pod did not start"
+            time.sleep(0.25)
+        during = snapshot()
+        # The node's mounts exist only in its own mount namespace, its cgroups in the machine's hierarchies.
+        assert not [m for m in during["mounts"] - before["mounts"] if str(workdir) in m]
+        assert during["cgroups"] - before["cgroups"]
+        inode = node.ns.inode() if node.ns else 0
+    finally:
+        node.stop()
+    assert node.leftovers() == {"mounts": [], "cgroups": [], "processes": [], "files": []}
+    after = snapshot()
+    assert after["mounts"] == before["mounts"]
+    assert after["netns"] == before["netns"]
+    assert not {link for link in after["links"] - before["links"] if link.startswith(("hmw", "veth"))}
+    assert after["cgroups"] <= before["cgroups"]
+    new = after["processes"] - before["processes"]
+    ours = [p for p in new if _in_netns(p, inode) or str(workdir) in _cmdline(p)]
+    assert ours == []
+    assert not workdir.exists()
+
+
+def _in_netns(pid: str, inode: int) -> bool:
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino == inode
+    except OSError:
+        return False
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+KILLED_RUN = """
+import json, sys, time
+from devtools.node import Node
+node = Node(images=())
+node.start()
+pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
+       "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
+node.kubectl("create", "-f", "-", input=json.dumps(pod))
+while node.kubectl("get", "pod", "holder", "-o", "jsonpath={.status.phase}").stdout != "Running":
+    time.sleep(0.25)
+dirs = [str(d) for d in node._cgroup_dirs()]
+print(json.dumps({"workdir": str(node.workdir), "inode": node.ns.inode(), "cgroups": dirs}), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_run_leaves_nothing_either() -> None:
+    """SIGKILL the process that started a node with a pod running: kubelet, containerd and the control
+    plane die with it, and the namespace's holder stops the containers and shims, removes the cgroups and
+    the work dir."""
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read() if proc.stderr else ""
+        started = json.loads(line)
+    finally:
+        proc.kill()
+        proc.wait()
+    workdir, inode = Path(started["workdir"]), started["inode"]
+    assert [Path(d).is_dir() for d in started["cgroups"]] and workdir.is_dir()
+    deadline = time.monotonic() + 30
+    while workdir.exists() or any(Path(d).exists() for d in started["cgroups"]) or _netns_pids(inode):
+        assert time.monotonic() < deadline, (workdir.exists(), started["cgroups"], _netns_pids(inode))
+        time.sleep(0.2)
+
+
+def _netns_pids(inode: int) -> list[str]:
+    return [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and _in_netns(e.name, inode)]
