@@ -2,6 +2,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+comma := ,
 
 .PHONY: setup run test test-unit test-e2e test-e2e-floor test-node compat lint bench wrk prometheus image \
 	image-tools node-tools controlplane controlplane-floor certs clean
@@ -64,33 +65,30 @@ test-e2e-floor: setup controlplane-floor prometheus
 # stand-ins made from Debian's packages), pull, or standin (never a registry; what make test uses).
 IMAGE_BASES ?= auto
 
-image-tools:  ## podman, runc and mmdebstrap (Debian packages; installed when root with apt-get)
-	@missing=; for tool in podman runc mmdebstrap; do command -v $$tool >/dev/null 2>&1 || missing="$$missing $$tool"; done; \
+# Installs each Debian package of $(1) (package:file) whose file is missing, with apt-get when root; else
+# stops, naming them and $(2).
+define apt_packages
+	@missing=; for pkg in $(1); do [ -e "$${pkg#*:}" ] || missing="$$missing $${pkg%%:*}"; done; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get install -y -q$$missing || { apt-get update -q && apt-get install -y -q$$missing; }; \
 	  else \
-	    echo "missing:$$missing (install them, or build with docker: docker build -t hami-mt-webhook .)" >&2; exit 1; \
+	    echo "missing:$$missing ($(2))" >&2; exit 1; \
 	  fi; \
 	fi
+endef
+
+image-tools:  ## podman, runc and mmdebstrap (Debian packages; installed when root with apt-get)
+	$(call apt_packages,podman:/usr/bin/podman runc:/usr/sbin/runc mmdebstrap:/usr/bin/mmdebstrap,install them$(comma) or build with docker: docker build -t hami-mt-webhook .)
 
 # containerd, runc and the CNI plugins of the node tier (Debian packages). On a host booted with systemd the
 # containerd package also enables its own containerd.service: `systemctl disable --now containerd` if unwanted
 # (the node tier starts its own, with its own socket and directories).
 node-tools:  ## containerd, runc and containernetworking-plugins (installed when root with apt-get)
-	@missing=; \
-	for pkg in containerd:/usr/bin/containerd runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge; do \
-	  [ -x "$${pkg#*:}" ] || missing="$$missing $${pkg%%:*}"; done; \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get install -y -q$$missing || { apt-get update -q && apt-get install -y -q$$missing; }; \
-	  else \
-	    echo "missing:$$missing (Debian packages; the node tier needs them and root)" >&2; exit 1; \
-	  fi; \
-	fi
+	$(call apt_packages,containerd:/usr/bin/containerd runc:/usr/sbin/runc containernetworking-plugins:/usr/lib/cni/bridge,Debian packages; the node tier needs them and root)
 
-# The node tier: the chart on a real kubelet in a network namespace of its own (root; tests/node). Only
-# when asked: `make test` does not run it.
+# The node tier: the chart on a real kubelet in a network namespace of its own (root; tests/node). It runs
+# only when the marker names it (`pytest -m node`): here, and in `make test` on both ends.
 test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet (KUBE_VERSION as above)
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q -m node
@@ -98,10 +96,12 @@ test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)
 
-test: lint controlplane controlplane-floor prometheus  ## everything: lint, unit and e2e tiers, the e2e tier again on the floor
+test: lint controlplane controlplane-floor prometheus node-tools  ## everything: lint, unit, e2e and node tiers, newest and floor
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
+	$(PY) -m pytest -q -m node
+	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m node
 
 COMPAT_ARGS ?=
 
