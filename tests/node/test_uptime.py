@@ -64,10 +64,11 @@ def load(node: Node, lt: LoopThread, what: str, seconds: float) -> Iterator[PodC
     assert_replicas_healthy(node)
 
 
-def replicas(node: Node) -> list[dict[str, Any]]:
+def replicas(node: Node, *, terminating: bool = False) -> list[dict[str, Any]]:
+    """The webhook's pods; those being deleted (still serving through their preStop) only if asked."""
     out = node.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
                        "-o", "json").stdout
-    return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+    return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
 def ready(node: Node) -> list[str]:
@@ -201,7 +202,7 @@ def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(
     chart.kubectl("create", "namespace", ns)
     try:
         chart.kubectl("scale", DEPLOYMENT, "-n", NAMESPACE, "--replicas=0")
-        wait_for("no replica left", lambda: not replicas(chart), timeout=120)
+        wait_for("no replica left", lambda: not replicas(chart, terminating=True), timeout=120)
         refused = chart.kubectl("create", "-n", ns, "-f", "-", check=False,
                                 input=json.dumps(pod("slice-down", {VGPU: 1})))
         assert refused.returncode != 0 and "failed calling webhook" in refused.stderr, refused.stderr
