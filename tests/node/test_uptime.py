@@ -85,8 +85,11 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 180.0) -> fl
 
 
 def rolled_out(node: Node) -> None:
+    """The rollout done and the old replicas gone: until their preStop ends they still answer on the
+    API server's kept-alive connections, with the old settings."""
     node.kubectl("rollout", "status", DEPLOYMENT, "-n", NAMESPACE, "--timeout=180s", timeout=200)
-    wait_for("3 replicas Ready", lambda: len(ready(node)) == 3 and len(replicas(node)) == 3)
+    wait_for("3 replicas Ready, no other left",
+             lambda: len(ready(node)) == 3 and len(replicas(node, terminating=True)) == 3)
 
 
 def assert_replicas_healthy(node: Node) -> None:
