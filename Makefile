@@ -31,8 +31,18 @@ INSTALL ?= kustomize
 PROMETHEUS ?= 0
 RUN_PROMETHEUS := $(if $(filter 1,$(PROMETHEUS)),prometheus)
 
-run: setup controlplane $(RUN_PROMETHEUS)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart)
+# NODE=1: the chart on a real node instead (root; node-tools and the image, built with IMAGE_BASES=standin
+# unless IMAGE_BASES is given): its 3 replicas on kubelet are the webhook, as a cluster runs it.
+NODE ?= 0
+RUN_NODE := $(filter 1,$(NODE))
+
+run: setup controlplane $(RUN_PROMETHEUS) $(if $(RUN_NODE),node-tools)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart; NODE=1: the chart on a real node)
+ifeq ($(RUN_NODE),1)
+	$(MAKE) --no-print-directory image IMAGE_BASES=$(RUN_IMAGE_BASES)
+	$(PY) -m devtools.local --node
+else
 	$(PY) -m devtools.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
+endif
 
 lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linter layer contracts
 	$(VENV)/bin/ruff check hami_mt_webhook devtools tests
@@ -64,6 +74,8 @@ test-e2e-floor: setup controlplane-floor prometheus
 # Where the Dockerfile's python:3.11 bases come from when local storage lacks them: auto (a pull, else
 # stand-ins made from Debian's packages), pull, or standin (never a registry; what make test uses).
 IMAGE_BASES ?= auto
+# `make run NODE=1` never waits on a registry unless told to: stand-ins, unless IMAGE_BASES is given.
+RUN_IMAGE_BASES := $(if $(filter file,$(origin IMAGE_BASES)),standin,$(IMAGE_BASES))
 
 # Installs each Debian package of $(1) (package:file) whose file is missing, with apt-get when root; else
 # stops, naming them and $(2).

@@ -24,7 +24,9 @@ from typing import Any, TextIO
 import yaml
 
 from devtools import cluster, manifests, monitoring, procs
+from devtools.binaries import ControlPlaneError
 from devtools.controlplane import ControlPlane
+from devtools.node import NODE_NAME, Node
 from hami_mt_webhook.service import certs
 
 NAMESPACE = "hami-mt-webhook"
@@ -67,6 +69,51 @@ def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
 def example_nodes() -> list[dict[str, Any]]:
     """The example S4000 and S5000 nodes (examples/nodes.yaml), and a node with whole cards only."""
     return [*cluster.example_nodes(), cluster.whole_card_node()]
+
+
+#: The taint on the example nodes beside a real one: no kubelet runs them.
+NO_KUBELET = "hami-mt.example/no-kubelet"
+#: The chart's image as containerd names the image `make image` built and the node imported.
+NODE_IMAGE_REPOSITORY = "localhost/hami-mt-webhook"
+REPLICAS = 3
+
+
+def tainted_example_nodes() -> list[dict[str, Any]]:
+    """The example nodes, as Node objects beside the real one: capacity for the webhook to read. No kubelet
+    runs them, so a NoSchedule taint keeps every pod that does not ask for them (the chart's) off them."""
+    nodes = example_nodes()
+    for n in nodes:
+        spec = n.setdefault("spec", {})
+        spec["taints"] = [*(spec.get("taints") or []), {"key": NO_KUBELET, "effect": "NoSchedule"}]
+    return nodes
+
+
+def ready_replicas(node: Node) -> int:
+    out = node.kubectl("get", "deployment", RELEASE, "-n", NAMESPACE, "-o",
+                       "jsonpath={.status.readyReplicas}", check=False).stdout.strip()
+    return int(out or 0)
+
+
+def install_chart_on_node(node: Node, timeout: float = 180.0) -> float:
+    """The chart installed on a real node as the README's Install section says, with its defaults and the
+    built image: the namespace made and labelled, the tainted example nodes, `helm install`, and the wait
+    for its replicas Ready through their probes. One home for the node tier and `make run NODE=1`; returns
+    the seconds from `helm install` to Ready."""
+    node.kubectl("create", "namespace", NAMESPACE)
+    node.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
+                 "pod-security.kubernetes.io/enforce=restricted")
+    apply_nodes(node.controlplane, tainted_example_nodes())
+    started = time.monotonic()
+    helm(node.controlplane, "install", RELEASE, str(CHART), "-n", NAMESPACE,
+         "--set", f"image.repository={NODE_IMAGE_REPOSITORY}")
+    while ready_replicas(node) != REPLICAS:
+        if time.monotonic() > started + timeout:
+            pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
+            events = node.kubectl("get", "events", "-n", NAMESPACE).stdout[-4000:]
+            raise RuntimeError(f"{REPLICAS} replicas not Ready {timeout:.0f} s after helm install:\n"
+                               f"{pods}\n{events}")
+        time.sleep(0.25)
+    return time.monotonic() - started
 
 
 class LocalWebhook:
@@ -275,6 +322,80 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
             f"exited, and {cp.workdir} is removed")
 
 
+def try_on_node(workdir: Path | None = None, say: Console | None = None) -> int:
+    """`make run NODE=1`: the chart on a real node (`devtools.node.Node`), until Ctrl-C, SIGTERM or SIGHUP.
+
+    The webhook runs as the chart's replicas on the node's kubelet, as a cluster runs it, so there is no
+    local process to restart: a replica that dies is the Deployment's to replace. Whatever ends the run,
+    `Node.stop()` leaves nothing. Returns 1 if the node or its control plane fails.
+    """
+    base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
+    base.mkdir(parents=True, exist_ok=True)
+    say = say or Console()
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if not stopping:
+            stopping.append(signum)
+            raise Stop(signum)
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, on_signal)
+    node = Node(workdir=base)
+    try:
+        say("starting a node: etcd, kube-apiserver, the controllers, containerd and kubelet in a network "
+            "namespace of their own, the image imported (the first run builds them) ...")
+        node.start()
+        installed = install_chart_on_node(node)
+        say(_node_banner(node, installed))
+        while not (down := _node_down(node)):
+            time.sleep(0.5)
+        say(f"\n{down}; the logs are in {node.workdir}, which is removed now")
+        return 1
+    except Stop:
+        return 0
+    except (ControlPlaneError, RuntimeError) as err:
+        say(f"\nthe node did not start: {err}")
+        return 1
+    finally:
+        stopping.append(0)  # from here on a signal changes nothing: the cleanup below must finish
+        say("\nstopping ...")
+        node.stop()
+        say(f"stopped: the pods, kubelet, containerd and the control plane have exited, and {node.workdir} "
+            "is removed")
+
+
+def _node_down(node: Node) -> str:
+    """What of the node has exited, or "" while all of it runs."""
+    if exited := node.controlplane.exited():
+        return f"{', '.join(exited)} exited"
+    for name, proc in (("kubelet", node.kubelet), ("containerd", node.containerd)):
+        if proc is not None and proc.poll() is not None:
+            return f"{name} exited ({_exit_status(proc.returncode)})"
+    return ""
+
+
+def _node_banner(node: Node, installed: float) -> str:
+    cp = node.controlplane
+    return f"""
+hami-mt-webhook runs as the chart's {REPLICAS} replicas on node {NODE_NAME} (kubelet and containerd), as a
+cluster runs it: release {RELEASE} in namespace {NAMESPACE}, image {NODE_IMAGE_REPOSITORY}, Ready
+{installed:.1f} s after helm install (node ready in {node.startup_seconds:.1f} s; logs in {node.workdir}).
+
+  export KUBECONFIG={cp.kubeconfig}
+  alias kubectl={cp.bin_dir / 'kubectl'}
+  alias helm={cp.bin_dir / 'helm'}
+  kubectl -n {NAMESPACE} get pods -o wide; helm -n {NAMESPACE} list
+  kubectl get nodes -o 'custom-columns={COLUMNS}'
+  kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
+  kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
+
+There is no local process to kill or restart here: `kubectl -n {NAMESPACE} delete pod <replica>` and the
+Deployment replaces it while the others answer. The example nodes carry the taint {NO_KUBELET} (no
+kubelet runs them), so only pods that ask for their cards go there.
+Ctrl-C stops everything."""
+
+
 def start_prometheus(cp: ControlPlane, webhook: LocalWebhook) -> monitoring.Prometheus:
     """Prometheus on a loopback port, its data in the run directory: the webhook's metrics as the
     ServiceMonitor's job, kube-apiserver's with the admin certificate, the shipped alerts evaluated."""
@@ -369,7 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prometheus", action="store_true",
                         help="also start Prometheus (Debian's package) on loopback with the shipped alerts, "
                              "scraping the webhook and kube-apiserver")
+    parser.add_argument("--node", action="store_true",
+                        help="run the chart on a real node instead (kubelet, containerd, the built image; "
+                             "root): its replicas are the webhook")
     args = parser.parse_args(argv)
+    if args.node:
+        return try_on_node(args.dir)
     return try_it(args.dir, args.restart_delay, installer=args.install, prometheus=args.prometheus)
 
 

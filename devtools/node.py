@@ -416,14 +416,20 @@ class Node:
         return [h / self.cgroup_root.lstrip("/") for h in hierarchies(unified=True)]
 
     def leftovers(self) -> dict[str, list[str]]:
-        """What of this node is still on the machine (nothing, after `stop()`): mounts under the work dir,
-        cgroups, processes in its network namespace, the work dir."""
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-                  if self.workdir != Path() and line.split()[1].startswith(str(self.workdir))]
-        cgroups = [str(d) for d in self._cgroup_dirs() if d.exists()]
-        procs = [str(p) for p in pids_in_netns(self._netns_inode)] if self._netns_inode else []
-        files = [str(self.workdir)] if self.workdir != Path() and self.workdir.exists() else []
-        return {"mounts": mounts, "cgroups": cgroups, "processes": procs, "files": files}
+        """What of this node is still on the machine (nothing, after `stop()`)."""
+        return leftovers(self.workdir, self.cgroup_root, self._netns_inode)
+
+
+def leftovers(workdir: Path, cgroup_root: str, netns_inode: int) -> dict[str, list[str]]:
+    """What of a node is still on the machine: mounts under its work dir, its cgroups, processes in its
+    network namespace, the work dir. A function, so that a node another process ran can be checked too."""
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if workdir != Path() and line.split()[1].startswith(str(workdir))]
+    cgroups = [str(d) for d in (h / cgroup_root.lstrip("/") for h in hierarchies(unified=True))
+               if cgroup_root and d.exists()]
+    procs = [str(p) for p in pids_in_netns(netns_inode)] if netns_inode else []
+    files = [str(workdir)] if workdir != Path() and workdir.exists() else []
+    return {"mounts": mounts, "cgroups": cgroups, "processes": procs, "files": files}
 
 
 def reaper(workdir: Path, cgroup_root: str) -> list[str]:

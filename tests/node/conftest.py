@@ -20,7 +20,6 @@ from devtools.node import Node
 
 NODE_DIR = Path(__file__).resolve().parent
 NAMESPACE = local.NAMESPACE
-NO_KUBELET = "hami-mt.example/no-kubelet"
 #: Lines for the summary at the end of the run: what the tier measured.
 MEASURED: list[str] = []
 
@@ -62,37 +61,11 @@ def node() -> Iterator[Node]:
 
 @pytest.fixture(scope="session")
 def chart(node: Node) -> Iterator[Node]:
-    """The chart installed as the README's Install section says, with its defaults and the built image
-    (the repository as containerd names the imported image), 3 replicas Ready through their probes."""
-    node.kubectl("create", "namespace", NAMESPACE)
-    node.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
-                 "pod-security.kubernetes.io/enforce=restricted")
-    local.apply_nodes(node.controlplane, example_nodes())
-    started = time.monotonic()
-    local.helm(node.controlplane, "install", local.RELEASE, str(local.CHART), "-n", NAMESPACE,
-               "--set", "image.repository=localhost/hami-mt-webhook")
-    deadline = started + 180
-    while ready_replicas(node) != 3:
-        if time.monotonic() > deadline:
-            pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
-            events = node.kubectl("get", "events", "-n", NAMESPACE).stdout[-4000:]
-            pytest.fail(f"3 replicas not Ready 180 s after helm install:\n{pods}\n{events}", pytrace=False)
-        time.sleep(0.25)
-    MEASURED.append(f"helm install to 3 replicas Ready: {time.monotonic() - started:.1f} s")
+    """The chart installed as the README's Install section says (`devtools.local.install_chart_on_node`, what
+    `make run NODE=1` runs too), 3 replicas Ready through their probes."""
+    try:
+        seconds = local.install_chart_on_node(node)
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    MEASURED.append(f"helm install to 3 replicas Ready: {seconds:.1f} s")
     yield node
-
-
-def example_nodes() -> list[dict]:
-    """The example sliced nodes, as Node objects beside the real one: capacity for the webhook to read. No
-    kubelet runs them, so a taint keeps every pod that does not ask for them (the chart's) off them."""
-    nodes = local.example_nodes()
-    for n in nodes:
-        spec = n.setdefault("spec", {})
-        spec["taints"] = [*(spec.get("taints") or []), {"key": NO_KUBELET, "effect": "NoSchedule"}]
-    return nodes
-
-
-def ready_replicas(node: Node) -> int:
-    out = node.kubectl("get", "deployment", local.RELEASE, "-n", NAMESPACE, "-o",
-                       "jsonpath={.status.readyReplicas}", check=False).stdout.strip()
-    return int(out or 0)
