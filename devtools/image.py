@@ -17,7 +17,6 @@ root may lack).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -28,6 +27,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from hami_mt_webhook import __version__
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The chart's `image.repository`; podman stores it as localhost/hami-mt-webhook.
@@ -74,17 +75,9 @@ class ImageError(RuntimeError):
     """A step of the build failed; the message says which and what it printed."""
 
 
-def version() -> str:
-    """The package's version from pyproject.toml: the image's tag and the chart's appVersion."""
-    found = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M)
-    if not found:
-        raise ImageError("pyproject.toml has no version")
-    return found.group(1)
-
-
 def reference(tag: str | None = None) -> str:
     """The image's full name in local storage, as the chart's defaults name it."""
-    return f"localhost/{REPOSITORY}:{tag or version()}"
+    return f"localhost/{REPOSITORY}:{tag or __version__}"
 
 
 def engine() -> str:
@@ -92,7 +85,7 @@ def engine() -> str:
     found = shutil.which("podman")
     if not found:
         raise ImageError("podman is not installed (make image installs it with apt-get as root; elsewhere "
-                         f"install it, or run `docker build -t hami-mt-webhook:{version()} .`)")
+                         f"install it, or run `docker build -t hami-mt-webhook:{__version__} .`)")
     return found
 
 
@@ -118,12 +111,6 @@ def run(*args: str, timeout: float = 1800, check: bool = True,
 
 def exists(name: str) -> bool:
     return run("image", "exists", name, check=False).returncode == 0
-
-
-def labels(name: str) -> dict[str, str]:
-    """An image's labels (a stand-in base has `STANDIN_LABEL`)."""
-    done = run("image", "inspect", "--format", "{{json .Labels}}", name)
-    return json.loads(done.stdout or "null") or {}
 
 
 def apt_sources() -> list[str]:

@@ -268,6 +268,23 @@ def _exit_status(code: int) -> str:
     return f"exit status {code}"
 
 
+def _run_dir(workdir: Path | None) -> tuple[Path, list[int]]:
+    """The run directory's parent, made, and the stop signals set: the first raises `Stop`; once the list
+    they return is not empty (the cleanup has begun), later signals change nothing."""
+    base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
+    base.mkdir(parents=True, exist_ok=True)
+    stopping: list[int] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        if not stopping:
+            stopping.append(signum)
+            raise Stop(signum)
+
+    for sig in STOP_SIGNALS:  # set explicitly: a shell may start us with SIGINT ignored
+        signal.signal(sig, on_signal)
+    return base, stopping
+
+
 def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, say: Console | None = None,
            installer: str = "kustomize", prometheus: bool = False) -> int:
     """`make run`: control plane, webhook and example nodes until Ctrl-C, SIGTERM or SIGHUP.
@@ -278,18 +295,8 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
     stopped and the run directory is removed. With `prometheus`, a Prometheus on loopback scrapes the webhook
     and kube-apiserver with the shipped alerts loaded (manifests/components/monitoring).
     """
-    base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
-    base.mkdir(parents=True, exist_ok=True)
+    base, stopping = _run_dir(workdir)
     say = say or Console()
-    stopping: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if not stopping:
-            stopping.append(signum)
-            raise Stop(signum)
-
-    for sig in STOP_SIGNALS:  # set explicitly: a shell may start us with SIGINT ignored
-        signal.signal(sig, on_signal)
     cp = ControlPlane(workdir=base, controllers=True)
     webhook: LocalWebhook | None = None
     prom: monitoring.Prometheus | None = None
@@ -329,18 +336,8 @@ def try_on_node(workdir: Path | None = None, say: Console | None = None) -> int:
     local process to restart: a replica that dies is the Deployment's to replace. Whatever ends the run,
     `Node.stop()` leaves nothing. Returns 1 if the node or its control plane fails.
     """
-    base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
-    base.mkdir(parents=True, exist_ok=True)
+    base, stopping = _run_dir(workdir)
     say = say or Console()
-    stopping: list[int] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        if not stopping:
-            stopping.append(signum)
-            raise Stop(signum)
-
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, on_signal)
     node = Node(workdir=base)
     try:
         say("starting a node: etcd, kube-apiserver, the controllers, containerd and kubelet in a network "

@@ -28,6 +28,7 @@ import yaml
 from devtools import image
 from devtools.controlplane import ControlPlane
 from devtools.local import CHART, NAMESPACE, RELEASE, LocalWebhook, apply_nodes, example_nodes, helm
+from devtools.node import own_memory_cgroup
 
 from .support import CORE, MEMORY, VGPU, pod
 
@@ -89,15 +90,6 @@ def podman_args(spec: dict[str, Any], mounts: dict[str, Path], env: dict[str, st
     return args
 
 
-def own_cgroup() -> str:
-    """This process's memory cgroup (where the machine puts its work), for the container's to sit under."""
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(",") or controllers == "":
-            return path.rstrip("/")
-    return ""
-
-
 def probe(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
@@ -145,7 +137,7 @@ def test_the_image_runs_as_the_charts_deployment(built: str, cluster: ControlPla
     env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cluster.apiserver_port)}
 
     name = f"hami-mt-image-{uuid.uuid4().hex[:8]}"
-    args = podman_args(spec, {"tls": tls, "serviceaccount": account}, env, f"{own_cgroup()}/{name}")
+    args = podman_args(spec, {"tls": tls, "serviceaccount": account}, env, f"{own_memory_cgroup().rstrip('/')}/{name}")
     image.run("run", "--detach", "--name", name, *args, built)
     try:
         deadline = time.monotonic() + 60
