@@ -28,7 +28,7 @@ import yaml
 from devtools import image
 from devtools.controlplane import ControlPlane
 from devtools.local import CHART, NAMESPACE, RELEASE, LocalWebhook, apply_nodes, example_nodes, helm
-from devtools.node import own_memory_cgroup
+from devtools.node import hierarchies, own_memory_cgroup, remove_cgroups
 
 from .support import CORE, MEMORY, VGPU, pod
 
@@ -102,6 +102,7 @@ def probe(port: int, path: str) -> int:
 
 def free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is free
         try:
             s.bind(("0.0.0.0", port))
         except OSError:
@@ -137,7 +138,8 @@ def test_the_image_runs_as_the_charts_deployment(built: str, cluster: ControlPla
     env = {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(cluster.apiserver_port)}
 
     name = f"hami-mt-image-{uuid.uuid4().hex[:8]}"
-    args = podman_args(spec, {"tls": tls, "serviceaccount": account}, env, f"{own_memory_cgroup().rstrip('/')}/{name}")
+    cgroup = f"{own_memory_cgroup().rstrip('/')}/{name}"
+    args = podman_args(spec, {"tls": tls, "serviceaccount": account}, env, cgroup)
     image.run("run", "--detach", "--name", name, *args, built)
     try:
         deadline = time.monotonic() + 60
@@ -174,6 +176,9 @@ def test_the_image_runs_as_the_charts_deployment(built: str, cluster: ControlPla
         assert "Traceback" not in logs.stdout + logs.stderr, logs.stderr[-3000:]
     finally:
         image.run("rm", "--force", "--time", "0", name, check=False)
+        # podman removes the container's cgroups, not the parent it was given (conmon's is below it)
+        left = remove_cgroups([h / cgroup.lstrip("/") for h in hierarchies(unified=True)])
+    assert left == [], f"cgroups left: {left}"
 
 
 def test_the_image_is_small_unprivileged_and_holds_no_compiler(built: str) -> None:
