@@ -23,7 +23,7 @@ import orjson
 from devtools import procs
 from devtools.bench import REPO_ROOT
 from devtools.bench.report import percentile
-from devtools.bench.workload import cluster
+from devtools.bench.workload import PATH, cluster
 from devtools.cluster import CONFIG
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.service import certs
@@ -98,27 +98,18 @@ def drop_worktree(path: Path) -> None:
     subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=REPO_ROOT, capture_output=True)
 
 
-class Server:
-    """One benchmark server (`_serve webhook|baseline`) in its own pinned process."""
+class Process:
+    """A server under test in its own process, on a loopback port, that prints `ready` on stdout once it
+    listens: the harness loads any of them alike (`url` + `path`), whoever wrote the server."""
 
-    def __init__(self, kind: str, layout: certs.Layout, workdir: Path, pin: list[str], s5000: int, s4000: int,
-                 log_level: str, profile: Path | None = None, health: bool = False, tree: Path = REPO_ROOT,
-                 name: str | None = None) -> None:
-        self.kind = kind
-        self.name = name or kind  # "webhook@<rev>" for the webhook of another revision (`tree`, a worktree)
-        self.port, self.health_port = procs.free_ports(2)
-        self.health_port = self.health_port if health else 0
-        self.log = workdir / f"{self.name.replace('@', '-')}{'-profiled' if profile else ''}.log"
-        cmd = [*pin, sys.executable, "-m", "devtools.bench", "_serve", kind, "--port", str(self.port),
-               "--cert", str(layout.tls_cert), "--key", str(layout.tls_key), "--s5000", str(s5000),
-               "--s4000", str(s4000), "--log-level", log_level]
-        if profile:
-            cmd += ["--profile", str(profile)]
-        if health:
-            cmd += ["--health-port", str(self.health_port)]
+    #: The path its reviews are POSTed to.
+    path = PATH
+
+    def __init__(self, name: str, cmd: list[str], port: int, log: Path, *, cwd: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.name, self.port, self.log = name, port, log
         # A killed benchmark must not leave listeners behind.
-        # `-m` puts the working directory first on sys.path, so `tree`'s package is the one served.
-        self.proc = procs.spawn(cmd, self.log, pipe=True, cwd=tree, mode="wb")
+        self.proc = procs.spawn(cmd, log, pipe=True, cwd=cwd, env=env, mode="wb")
         if not procs.wait_line(self.proc, b"ready", 60.0):
             self.stop()
             tail = self.log.read_text(errors="replace")[-3000:]
@@ -135,6 +126,28 @@ class Server:
         procs.terminate(self.proc)  # SIGTERM first: a profiled server writes its stats then
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+class Server(Process):
+    """One of this project's benchmark servers (`_serve webhook|baseline`) in its own pinned process."""
+
+    def __init__(self, kind: str, layout: certs.Layout, workdir: Path, pin: list[str], s5000: int, s4000: int,
+                 log_level: str, profile: Path | None = None, health: bool = False, tree: Path = REPO_ROOT,
+                 name: str | None = None) -> None:
+        self.kind = kind
+        name = name or kind  # "webhook@<rev>" for the webhook of another revision (`tree`, a worktree)
+        port, health_port = procs.free_ports(2)
+        self.health_port = health_port if health else 0
+        log = workdir / f"{name.replace('@', '-')}{'-profiled' if profile else ''}.log"
+        cmd = [*pin, sys.executable, "-m", "devtools.bench", "_serve", kind, "--port", str(port),
+               "--cert", str(layout.tls_cert), "--key", str(layout.tls_key), "--s5000", str(s5000),
+               "--s4000", str(s4000), "--log-level", log_level]
+        if profile:
+            cmd += ["--profile", str(profile)]
+        if health:
+            cmd += ["--health-port", str(self.health_port)]
+        # `-m` puts the working directory first on sys.path, so `tree`'s package is the one served.
+        super().__init__(name, cmd, port, log, cwd=tree)
 
 
 async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: int, log_level: str,
