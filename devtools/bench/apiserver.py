@@ -37,7 +37,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         hook = LocalWebhook(cp, cp.workdir / "webhook")
         hook.install()
         started = time.perf_counter()
-        asyncio.run(_create_nodes(cp, nodes))
+        asyncio.run(create_nodes(cp, nodes))
         print(f"[apiserver] {len(nodes)} nodes created in {time.perf_counter() - started:.1f} s", flush=True)
         hook.start()
         try:
@@ -92,10 +92,10 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     return sec
 
 
-async def _create_nodes(cp: Any, nodes: list[dict[str, Any]]) -> None:
+async def create_nodes(cp: Any, nodes: list[dict[str, Any]]) -> None:
     """Create the Nodes and set their capacity through the status subresource, as kubelet would."""
     gate = asyncio.Semaphore(16)
-    async with _admin_session(cp) as s:
+    async with admin_session(cp) as s:
         async def one(n: dict[str, Any]) -> None:
             meta = {"name": n["metadata"]["name"], "labels": n["metadata"]["labels"]}
             capacity = n["status"]["capacity"]
@@ -114,7 +114,7 @@ async def _create_nodes(cp: Any, nodes: list[dict[str, Any]]) -> None:
         await asyncio.gather(*(one(n) for n in nodes))
 
 
-def _admin_session(cp: Any) -> aiohttp.ClientSession:
+def admin_session(cp: Any) -> aiohttp.ClientSession:
     return aiohttp.ClientSession(base_url=cp.server,
                                  connector=aiohttp.TCPConnector(ssl=fleet.admin_context(cp)))
 
@@ -133,7 +133,7 @@ async def _drive_pods(cp: Any, hook: Any, opts: argparse.Namespace) -> ApiResult
     ns = f"bench-{secrets.token_hex(4)}"
     client: list[float] = []
     statuses: dict[int, int] = {}
-    async with _admin_session(cp) as s:
+    async with admin_session(cp) as s:
         async with s.post("/api/v1/namespaces", json={"apiVersion": "v1", "kind": "Namespace",
                                                        "metadata": {"name": ns}}) as r:
             if r.status != 201:

@@ -27,7 +27,7 @@ import math
 import os
 import ssl
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -141,6 +141,28 @@ def scoped(docs: list[dict[str, Any]], config: str) -> list[dict[str, Any]]:
     return out
 
 
+def install_scoped(cp: Any, hook: Any, configs: Sequence[str]) -> None:
+    """Replace the shipped configurations the webhook's install applied with copies scoped to each of
+    `configs` (`scoped`), so one control plane and one webhook process serve them side by side."""
+    from devtools import manifests
+
+    overlay = manifests.local_overlay(cp.workdir / "scoped-overlay", hook.url, hook.certs.bundle.read_bytes())
+    rendered = [d for d in yaml.safe_load_all(cp.kubectl("kustomize", str(overlay)).stdout) if d]
+    for kind, name in (("mutatingwebhookconfiguration", "hami-mt-webhook"),
+                       ("validatingwebhookconfiguration", "hami-mt-webhook"),
+                       ("validatingwebhookconfiguration", "hami-mt-webhook-workloads"),
+                       ("validatingadmissionpolicybinding", "hami-mt-backstop")):
+        cp.kubectl("delete", kind, name)
+    cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all([d for c in configs for d in scoped(rendered, c)]))
+
+
+def scoped_namespace(cp: Any, ns: str, config: str) -> str:
+    """A namespace labelled for `config`: the configurations scoped to it (and only those) see its pods."""
+    cp.kubectl("create", "namespace", ns)
+    cp.kubectl("label", "namespace", ns, f"{LABEL}={config}")
+    return ns
+
+
 def pod_body(index: int, ns: str) -> bytes:
     kind, containers, selector = SHAPES[index % len(SHAPES)]
     spec: dict[str, Any] = {"containers": [
@@ -153,10 +175,12 @@ def pod_body(index: int, ns: str) -> bytes:
 
 
 class Driver:
-    """Pods through the API server, and its /metrics around each batch."""
+    """Pods through the API server, and its /metrics around each batch; `body(index, namespace)` makes the
+    pods (the SHAPES in turn by default)."""
 
-    def __init__(self, api: aiohttp.ClientSession) -> None:
+    def __init__(self, api: aiohttp.ClientSession, body: Callable[[int, str], bytes] = pod_body) -> None:
         self.api = api
+        self.body = body
         self.count = 0
 
     async def metrics(self) -> str:
@@ -167,7 +191,7 @@ class Driver:
         self.count += 1
         started = time.perf_counter()
         async with self.api.post(f"/api/v1/namespaces/{ns}/pods" + ("?dryRun=All" if dry_run else ""),
-                                 data=pod_body(self.count, ns),
+                                 data=self.body(self.count, ns),
                                  headers={"Content-Type": "application/json"}) as r:
             body = await r.read()
         took = (time.perf_counter() - started) * 1e3
@@ -227,7 +251,6 @@ def _api_ssl(cp: Any) -> ssl.SSLContext:
 
 
 def part_hops(opts: argparse.Namespace, workdir: Path) -> Section:
-    from devtools import manifests
     from devtools.controlplane import ControlPlane
     from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
@@ -240,20 +263,8 @@ def part_hops(opts: argparse.Namespace, workdir: Path) -> Section:
         version = orjson.loads(cp.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
         hook = LocalWebhook(cp, cp.workdir / "webhook")
         hook.install()  # namespace, RBAC, the shipped configurations (replaced below by scoped copies)
-        overlay = manifests.local_overlay(cp.workdir / "hops-overlay", hook.url,
-                                          hook.certs.bundle.read_bytes())
-        rendered = [d for d in yaml.safe_load_all(cp.kubectl("kustomize", str(overlay)).stdout) if d]
-        for kind, name in (("mutatingwebhookconfiguration", "hami-mt-webhook"),
-                           ("validatingwebhookconfiguration", "hami-mt-webhook"),
-                           ("validatingwebhookconfiguration", "hami-mt-webhook-workloads"),
-                           ("validatingadmissionpolicybinding", "hami-mt-backstop")):
-            cp.kubectl("delete", kind, name)
-        scoped_docs = [d for c in ("shipped", "forced") for d in scoped(rendered, c)]
-        cp.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(scoped_docs))
-        namespaces = {c: f"hops-{c}" for c in CONFIGS}
-        for config, ns in namespaces.items():
-            cp.kubectl("create", "namespace", ns)
-            cp.kubectl("label", "namespace", ns, f"{LABEL}={config}")
+        install_scoped(cp, hook, ("shipped", "forced"))
+        namespaces = {c: scoped_namespace(cp, f"hops-{c}", c) for c in CONFIGS}
         apply_nodes(cp, example_nodes())
         hook.start()
         try:
