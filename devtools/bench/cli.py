@@ -4,6 +4,7 @@ and the webhook as kube-apiserver measures it.
     python -m devtools.bench                          # every part, 10 s per load point
     python -m devtools.bench --quick --skip-apiserver # 2 s per point, no control plane
     python -m devtools.bench --write docs/PERFORMANCE.md
+    python -m devtools.bench --parts hops --write docs/PERFORMANCE.md  # the other parts' sections kept
 
 It prints figures and asserts nothing: a benchmark, not a timed test. Only 127.0.0.1 is contacted.
 Servers run pinned to one CPU and the load generator to another (`taskset`), so on a 2-core machine
@@ -129,11 +130,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="hami-mt-bench-") as tmp:
         for part in opts.parts:
             sec = importlib.import_module(PARTS[part]).run(opts, Path(tmp))
+            sec.part = part
             sections.append(sec)
             print("\n" + sec.markdown(), flush=True)
-    text = report.document(argv, sections, opts, started, load_start, report.loadavg())
-    if opts.write:
-        report.write(opts.write, text)
+    if opts.write:  # the sections of parts not run now are kept from the report written before
+        old = opts.write.read_text() if opts.write.exists() else ""
+        merged, shared = report.merge(old, sections, list(PARTS))
+        report.write(opts.write, report.document(argv, merged, opts, started, load_start, report.loadavg(),
+                                                 shared))
         print(f"written to {opts.write}")
     else:
         print("## Reading\n\n" + "\n".join(f"- {line}" for s in sections for line in s.reading))

@@ -36,6 +36,8 @@ class Section:
     title: str
     lines: list[str] = field(default_factory=list)
     reading: list[str] = field(default_factory=list)
+    part: str = ""  # the part that wrote it (cli sets it), by which a later write keeps or replaces it
+    run: str = ""  # when its figures were taken, for a section kept from an earlier write
 
     def markdown(self) -> str:
         return "\n".join([f"## {self.title}", "", *self.lines, ""])
@@ -193,12 +195,102 @@ def versions() -> list[str]:
             f"prometheus-client {v('prometheus-client')}; load generator: {wrk}"]
 
 
+#: The Reading's closing line, the same in every report (not a part's).
+CLOSING = ("Python serves one event loop per process: the webhook scales with replicas, not threads. The "
+           "machine's other work shows in every figure; compare webhook and baseline from the same run only.")
+#: Before each part's section and its group of Reading lines in the written report: which part, and for a
+#: section when it ran, so that a later write of some parts keeps the others (`merge`).
+_MARK = re.compile(r"^<!-- part: ([\w,-]*)(?:; run (.+?))? -->$")
+
+
+def _mark(parts: Sequence[str], run: str = "") -> str:
+    return f"<!-- part: {','.join(parts)}{f'; run {run}' if run else ''} -->"
+
+
+#: Reading lines kept from an earlier write, with the parts they speak for.
+Shared = Sequence[tuple[tuple[str, ...], list[str]]]
+
+
+def earlier(text: str) -> tuple[list[Section], list[tuple[tuple[str, ...], list[str]]]]:
+    """The sections of a written report, with the part each came from and when it ran, and the Reading
+    lines that speak for several parts. A report written before the marks is read too: its sections get
+    the parts of its command's `--parts` in order (they ran in that order), its Reading lines all of them."""
+    generated = text.split(NOTES_MARKER, 1)[0]
+    found = re.search(r"^Run (.+?)\.$", generated, re.M)
+    run = found.group(1) if found else ""
+    command = re.search(r"^python -m devtools\.bench .*--parts[ =](\S+)", generated, re.M)
+    legacy = tuple(x for x in command.group(1).split(",") if x) if command else ()
+    sections: list[Section] = []
+    groups: list[tuple[tuple[str, ...], list[str]]] = []
+    pending: tuple[str, str] | None = None  # a section's mark: its part, when it ran
+    in_reading = False
+    for line in generated.split("\n"):
+        mark = _MARK.match(line)
+        if mark and mark.group(2):
+            pending = (mark.group(1), mark.group(2))
+        elif mark:  # a group of Reading lines
+            groups.append((tuple(x for x in mark.group(1).split(",") if x), []))
+        elif line.startswith("## "):
+            in_reading = line == "## Reading"
+            if not in_reading:
+                part, when = pending or ("", run)
+                sections.append(Section(line[3:], part=part, run=when))
+            pending = None
+        elif in_reading and line.startswith("- ") and line[2:] != CLOSING:
+            if not groups:
+                groups.append((legacy, []))
+            groups[-1][1].append(line[2:])
+        elif sections and not in_reading:
+            sections[-1].lines.append(line)
+    unmarked = [sec for sec in sections if not sec.part]
+    if unmarked and len(unmarked) == len(legacy) == len(sections):
+        for sec, part in zip(unmarked, legacy, strict=True):
+            sec.part = part
+    for sec in sections:
+        while sec.lines and not sec.lines[-1].strip():
+            sec.lines.pop()
+        while sec.lines and not sec.lines[0].strip():
+            sec.lines.pop(0)
+        sec.reading = [x for parts, lines in groups if parts == (sec.part,) and sec.part for x in lines]
+    owned = {sec.part for sec in sections}
+    return sections, [(parts, lines) for parts, lines in groups
+                      if lines and not (len(parts) == 1 and parts[0] in owned)]
+
+
+def merge(old: str, sections: Sequence[Section], order: Sequence[str]
+          ) -> tuple[list[Section], list[tuple[tuple[str, ...], list[str]]]]:
+    """This run's sections and those of the report `old` this run did not write again (another part and
+    another title), in `order` (PARTS); old Reading lines are kept while none of the parts they speak
+    for ran now."""
+    ran = {s.part for s in sections if s.part}
+    titles = {s.title for s in sections}
+    old_sections, shared = earlier(old)
+    kept = [s for s in old_sections if s.part not in ran and s.title not in titles]
+    rank = {p: i for i, p in enumerate(order)}
+    merged = sorted([*kept, *sections], key=lambda s: rank.get(s.part, len(rank)))
+    return merged, [(parts, lines) for parts, lines in shared if not ran & set(parts)]
+
+
 def document(argv: Sequence[str], sections: list[Section], opts: argparse.Namespace, started: dt.datetime,
-             load_start: str, load_end: str) -> str:
+             load_start: str, load_end: str, shared: Shared = ()) -> str:
+    """The report; `sections` may hold some kept from an earlier write (`merge`), which say when they ran."""
     command = shlex.join(["python", "-m", "devtools.bench", *argv])
-    reading = [f"- {line}" for s in sections for line in s.reading]
+    when = f"{started:%Y-%m-%d %H:%M} UTC"
+    reading: list[str] = []
+    left = list(shared)
+    for s in sections:  # kept Reading lines where the first of their parts' sections stands
+        for parts, lines in [g for g in left if s.part in g[0]]:
+            left.remove((parts, lines))
+            reading += [_mark(parts), *(f"- {line}" for line in lines)]
+        if s.reading:
+            reading += [_mark([s.part] if s.part else []), *(f"- {line}" for line in s.reading)]
+    for parts, lines in left:
+        reading += [_mark(parts), *(f"- {line}" for line in lines)]
+    kept = [f"{s.title} ({s.run})" for s in sections if s.run and s.run != when]
     quick = ["", "**Quick run** (`--quick`, 2 s per point): a check that the harness works, not figures to "
              "quote."] if opts.quick else []
+    earlier_runs = ["", "Kept from earlier runs, not run this time: " + "; ".join(kept)
+                    + ". The machine and versions below are this run's."] if kept else []
     return "\n".join([
         "# Performance",
         "",
@@ -210,7 +302,8 @@ def document(argv: Sequence[str], sections: list[Section], opts: argparse.Namesp
         "```",
         *quick,
         "",
-        f"Run {started:%Y-%m-%d %H:%M} UTC.",
+        f"Run {when}.",
+        *earlier_runs,
         "",
         *machine(load_start),
         f"- Load average at the end: {load_end}",
@@ -219,11 +312,9 @@ def document(argv: Sequence[str], sections: list[Section], opts: argparse.Namesp
         "## Reading",
         "",
         *(reading or ["- (no part ran)"]),
-        "- Python serves one event loop per process: the webhook scales with replicas, not threads. "
-        "The machine's other work shows in every figure; compare webhook and baseline from the same run "
-        "only.",
+        f"- {CLOSING}",
         "",
-        *[s.markdown() for s in sections],
+        *[f"{_mark([s.part] if s.part else [], s.run or when)}\n{s.markdown()}" for s in sections],
     ])
 
 

@@ -5,8 +5,12 @@ No timing is asserted here; `make bench` prints figures, it does not pass or fai
 
 from __future__ import annotations
 
+import argparse
+import datetime as dt
 import importlib
 import math
+from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -117,3 +121,92 @@ def test_review_bodies_are_admission_reviews() -> None:
 def test_every_part_is_a_module_with_a_run() -> None:
     for name, module in cli.PARTS.items():
         assert callable(importlib.import_module(module).run), name
+
+
+# --- the harness the parts share --------------------------------------------------------------------------------------
+
+
+def test_wrk_script_posts_to_the_path_it_is_given() -> None:
+    script = http.wrk_script(workload.bodies(), "/webhook")
+    assert script.count('wrk.format("POST", "/webhook"') == 1 and "/mutate-pods" not in script
+
+
+@pytest.mark.parametrize(("status", "answer", "expected"), [
+    (200, {"response": {"allowed": True, "patch": "W10="}}, ("patched", None)),
+    (200, {"response": {"allowed": True}}, ("allowed", None)),
+    (200, {"response": {"allowed": False, "status": {"code": 403, "message": "no"}}}, ("denied", 403)),
+    (200, {"response": {"allowed": False, "status": {"code": 500, "message": "invalid"}}}, ("error", 500)),
+    (500, {}, ("HTTP 500", None)),
+])
+def test_answers_tell_a_refusal_from_an_error(status: int, answer: dict[str, Any], expected: tuple) -> None:
+    assert http.answered(status, answer) == expected
+
+
+# --- --write keeps the parts not run ---------------------------------------------------------------------
+
+
+LEGACY = f"""# Performance
+
+```sh
+python -m devtools.bench --parts http,apiserver --write docs/PERFORMANCE.md
+```
+
+Run 2026-12-04 04:54 UTC.
+
+## Reading
+
+- http says this.
+- apiserver says that.
+- {report.CLOSING}
+
+## 1. Loopback HTTPS
+
+http figures
+
+## 4. Through a real kube-apiserver
+
+apiserver figures
+
+{report.NOTES_MARKER}
+## Notes by hand
+"""
+
+
+def _write(path: Path, sections: list[report.Section], day: int) -> str:
+    opts = argparse.Namespace(quick=False)
+    old = path.read_text() if path.exists() else ""
+    merged, shared = report.merge(old, sections, list(cli.PARTS))
+    report.write(path, report.document(["--write", str(path)], merged, opts,
+                                       dt.datetime(2027, 1, day, tzinfo=dt.UTC), "0", "0", shared))
+    return path.read_text()
+
+
+def test_write_keeps_the_sections_of_parts_not_run_and_replaces_those_run(tmp_path) -> None:
+    path = tmp_path / "PERFORMANCE.md"
+    path.write_text(LEGACY)
+    text = _write(path, [report.Section("Peers", ["peers figures"], ["peers says so."], part="peers")], 1)
+    assert "http figures" in text and "apiserver figures" in text and "peers figures" in text
+    assert text.index("http figures") < text.index("apiserver figures") < text.index("peers figures")
+    assert "- http says this." in text and "- peers says so." in text and text.count(report.CLOSING) == 1
+    assert "Kept from earlier runs" in text and "(2026-12-04 04:54 UTC)" in text
+    assert text.endswith("## Notes by hand\n")
+    # Written again with the marks: running http replaces its section, and the Reading lines that spoke for
+    # it; the others stay as they were.
+    again = _write(path, [report.Section("1. Loopback HTTPS", ["new http figures"], ["http now."], part="http")],
+                   2)
+    assert "new http figures" in again and "\nhttp figures" not in again
+    assert "apiserver figures" in again and "peers figures" in again and "- peers says so." in again
+    assert "- http now." in again and "http says this" not in again
+    assert again.count("## 1. Loopback HTTPS") == 1 and again.endswith("## Notes by hand\n")
+
+
+def test_a_written_report_reads_back_as_its_sections(tmp_path) -> None:
+    path = tmp_path / "PERFORMANCE.md"
+    written = [report.Section("A", ["line", "", "| t |"], ["a says."], part="http"),
+               report.Section("B", ["other"], [], part="peers")]
+    _write(path, written, 3)
+    sections, shared = report.earlier(path.read_text())
+    assert [(s.title, s.part, s.lines, s.reading, s.run) for s in sections] == [
+        ("A", "http", ["line", "", "| t |"], ["a says."], "2027-01-03 00:00 UTC"),
+        ("B", "peers", ["other"], [], "2027-01-03 00:00 UTC")]
+    assert shared == []
