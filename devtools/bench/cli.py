@@ -4,7 +4,7 @@ and the webhook as kube-apiserver measures it.
     python -m devtools.bench                          # every part, 10 s per load point
     python -m devtools.bench --quick --skip-apiserver # 2 s per point, no control plane
     python -m devtools.bench --write docs/PERFORMANCE.md
-    python -m devtools.bench --parts hops --write docs/PERFORMANCE.md  # the other parts' sections kept
+    python -m devtools.bench --parts peers --write docs/PERFORMANCE.md  # the other parts' sections kept
 
 It prints figures and asserts nothing: a benchmark, not a timed test. Only 127.0.0.1 is contacted.
 Servers run pinned to one CPU and the load generator to another (`taskset`), so on a 2-core machine
@@ -21,6 +21,8 @@ Parts (`--parts`):
   scale      the whole process on 1,000 / 5,000 / 10,000 real-sized nodes: start-up, memory, churn, restarts
   hops       floor, shipped and forced-validating configurations interleaved through kube-apiserver
   soak       the webhook's memory over minutes of steady reviews (10 by default)
+  peers      HAMi's own webhook beside this one, over loopback and through kube-apiserver (needs a HAMi
+             source tree in $HAMI_MT_HAMI_SOURCE, and Go; skipped without)
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ PARTS = {
     "scale": "devtools.bench.scale",
     "hops": "devtools.bench.hops",
     "soak": "devtools.bench.soak",
+    "peers": "devtools.bench.peers",
 }
 
 
@@ -56,7 +59,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m devtools.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--parts", default=",".join(PARTS),
-                   help=f"comma-separated subset of {', '.join(PARTS)} (or 1-6) [all]")
+                   help=f"comma-separated subset of {', '.join(PARTS)} (or their numbers) [all]")
     p.add_argument("--skip-apiserver", action="store_true", help="leave out part 4 (no control plane needed)")
     p.add_argument("--quick", action="store_true",
                    help="2 s per load point, fewer repeats, 60 pods: a smoke run")
