@@ -1,11 +1,16 @@
 """The pure parts of the hami tier: kube-scheduler's configuration with HAMi's extender, what HAMi's metrics
-say it registered."""
+say it registered, and the tier's collection (left out unless selected, skipped without HAMi's sources)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from devtools import controllers, hami
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_stand_in_profile_ignores_vgpu_itself_and_calls_no_extender() -> None:
@@ -41,3 +46,19 @@ def test_hami_s_metrics_tell_the_cards_it_registered_per_node() -> None:
                       'hami_gpu_core_limit_ratio{device_index="0",device_type="Mthreads",device_uuid="x",node="x"} 16'])
     assert hami.registered_cards(text) == {"s5000": 8, "s4000": 1}
     assert hami.registered_cards("") == {}
+
+
+def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != hami.SOURCE_ENV}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "tests/hami"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_tier_is_left_out_unless_selected_and_skipped_without_hami_s_sources() -> None:
+    left_out = _pytest("--collect-only")
+    assert left_out.returncode == 5 and " deselected" in left_out.stdout, left_out.stdout  # 5: nothing to run
+    skipped = _pytest("-m", "hami", "-rs")
+    assert skipped.returncode == 0, skipped.stdout
+    assert " skipped" in skipped.stdout and " passed" not in skipped.stdout
+    assert f"set {hami.SOURCE_ENV} to a HAMi source tree" in skipped.stdout
+    assert "git clone https://github.com/Project-HAMi/HAMi" in skipped.stdout
