@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run test test-unit test-e2e test-e2e-floor test-node compat lint bench wrk prometheus image \
+.PHONY: setup run test test-unit test-e2e test-e2e-floor test-node test-hami hami-source compat lint bench wrk prometheus image \
 	image-tools node-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
@@ -104,6 +104,19 @@ node-tools:  ## containerd, runc and containernetworking-plugins (installed when
 test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet (KUBE_VERSION as above)
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q -m node
+
+# The hami tier: what the webhook admits, placed per card by HAMi's own scheduler extender, built with Go (and
+# cgo: gcc) from a HAMi source tree fetched beside this one, with that tree's go.mod (tests/hami). Not part of
+# `make test`: it runs only when the marker names it (`pytest -m hami`).
+HAMI_MT_HAMI_SOURCE ?=
+test-hami: hami-source setup controlplane  ## pods placed by HAMi's scheduler extender (HAMI_MT_HAMI_SOURCE=<HAMi tree>)
+	HAMI_MT_HAMI_SOURCE=$(HAMI_MT_HAMI_SOURCE) $(PY) -m pytest -q -m hami
+
+hami-source:  # before anything is built: what to do when no HAMi tree is named
+	@[ -n "$(strip $(HAMI_MT_HAMI_SOURCE))" ] || { \
+	  echo "HAMI_MT_HAMI_SOURCE is not set: fetch HAMi and name its tree, e.g." >&2; \
+	  echo "  git clone https://github.com/Project-HAMi/HAMi && git -C HAMi checkout v2.10.0" >&2; \
+	  echo "  HAMI_MT_HAMI_SOURCE=\$$PWD/HAMi make test-hami" >&2; exit 1; }
 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)

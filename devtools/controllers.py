@@ -5,10 +5,14 @@ them; the quota a namespace has is counted by the resource-quota controller. The
 make the local control plane do the same, so the tests see what the webhook's requests become.
 
 - kube-scheduler runs one profile, `hami-scheduler`: the kube-scheduler half of HAMi's scheduler.
-  HAMi's extender (card-level fit, bind-time annotations) is out of scope; without it the profile
+  By default HAMi's extender (card-level fit, bind-time annotations) is left out; the profile then
   fits `mthreads.com/sgpu-memory` and `mthreads.com/sgpu-core` against node allocatable, as
   extended resources, and ignores `mthreads.com/vgpu`, which no node advertises (HAMi's extender
   manages it). Pods on `default-scheduler` stay Pending: no profile answers to that name.
+- Given an extender's URL (the `hami` tier runs HAMi's own, `devtools.hami`), kube-scheduler calls it
+  as HAMi's chart configures it: filter and bind, the node cache, `mthreads.com/vgpu` managed by it and
+  ignored by kube-scheduler. sgpu-memory and sgpu-core are still fitted against node totals, as in the
+  chart: kube-scheduler refuses a full node before the extender is asked.
 - There are no kubelets, so no node ever reports Ready. Rather than fake heartbeats (a thread that
   must outlive every test, and whose pause under load would taint nodes and evict pods), the node
   lifecycle controller is not run, and the API server's TaintNodesByCondition plugin is off with it
@@ -43,17 +47,31 @@ CONTROLLERS = ("deployment-controller", "replicaset-controller", "statefulset-co
 EVERY = ("*", "-bootstrapsigner", "-tokencleaner")
 
 
-def scheduler_config(kubeconfig: Path, default: bool = False) -> dict:
+def extender_config(url: str) -> dict:
+    """kube-scheduler's entry for HAMi's extender at `url`, as HAMi's chart writes it
+    (charts/hami/templates/scheduler/configmap.yaml), with its Moore Threads resource alone."""
+    return {"urlPrefix": url, "enableHTTPS": url.startswith("https:"), "filterVerb": "filter", "bindVerb": "bind",
+            "nodeCacheCapable": True, "weight": 1, "httpTimeout": "30s",
+            "managedResources": [{"name": name, "ignoredByScheduler": True} for name in IGNORED_RESOURCES]}
+
+
+def scheduler_config(kubeconfig: Path, default: bool = False, extender: str | None = None) -> dict:
     """A KubeSchedulerConfiguration with the one `hami-scheduler` profile (and `default-scheduler` first,
-    with `default`)."""
+    with `default`); with `extender`, the URL of HAMi's extender, which then manages vgpu as in HAMi's
+    chart (the stand-in profile ignores vgpu itself)."""
     profiles: list[dict] = [{"schedulerName": "default-scheduler"}] if default else []
-    return {
+    ours: dict = {"schedulerName": SCHEDULER_NAME}
+    if extender is None:
+        ours["pluginConfig"] = [{"name": "NodeResourcesFit", "args": {"ignoredResources": list(IGNORED_RESOURCES)}}]
+    config = {
         "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "leaderElection": {"leaderElect": False},
-        "profiles": [*profiles, {"schedulerName": SCHEDULER_NAME, "pluginConfig": [
-            {"name": "NodeResourcesFit", "args": {"ignoredResources": list(IGNORED_RESOURCES)}}]}],
+        "profiles": [*profiles, ours],
     }
+    if extender is not None:
+        config["extenders"] = [extender_config(extender)]
+    return config
 
 
 #: The API server has no front-proxy CA for them to look up, and each would log its absence many times a
@@ -69,9 +87,10 @@ def _serving(d: Path, ca: certs.KeyPair, name: str) -> list[str]:
 
 
 def scheduler_cmd(bin_dir: Path, d: Path, ca: certs.KeyPair, kubeconfig: Path, port: int,
-                  default: bool = False) -> list[str]:
+                  default: bool = False, extender: str | None = None) -> list[str]:
     config = d / "kube-scheduler.yaml"
-    certs.write_atomic(config, yaml.safe_dump(scheduler_config(kubeconfig, default), sort_keys=False).encode())
+    certs.write_atomic(config, yaml.safe_dump(scheduler_config(kubeconfig, default, extender),
+                                              sort_keys=False).encode())
     return [str(bin_dir / "kube-scheduler"), f"--config={config}", "--bind-address=127.0.0.1",
             f"--secure-port={port}", *_serving(d, ca, "kube-scheduler"),
             f"--authentication-kubeconfig={kubeconfig}", f"--authorization-kubeconfig={kubeconfig}",

@@ -76,13 +76,18 @@ class ControlPlane:
     server listens on every address of its namespace, advertises `node_ip`, authorizes kubelets (Node,
     NodeRestriction) and reaches them with a client certificate; every controller runs, and kube-scheduler
     answers to `default-scheduler` too.
+
+    `extender` (with `controllers`) starts a scheduler extender before kube-scheduler, given the started
+    control plane, and returns the URL kube-scheduler is to call it at: HAMi's own, in the `hami` tier
+    (`devtools.hami.SchedulerExtender`).
     """
 
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, keep: bool = False,
                  ready_timeout: float = 90.0, apiserver_args: Sequence[str] = (),
                  controllers: bool = False, command_prefix: Sequence[str] = (),
                  reach: Callable[[int], int] | None = None, apiserver_port: int | None = None,
-                 node_ip: str | None = None) -> None:
+                 node_ip: str | None = None, extender: Callable[[ControlPlane], str] | None = None) -> None:
+        self.extender = extender
         self.command_prefix = list(command_prefix)
         self._reach = reach or (lambda port: port)
         self._fixed_apiserver_port = apiserver_port
@@ -166,9 +171,10 @@ class ControlPlane:
     def _name(self, proc: subprocess.Popen[bytes]) -> str:
         return Path(str(list(proc.args)[len(self.command_prefix)])).name  # type: ignore[arg-type]
 
-    def spawn(self, cmd: Sequence[str], log: Path) -> subprocess.Popen[bytes]:
-        """Start `cmd` where the control plane runs (after `command_prefix`), stopped with it."""
-        proc = _spawn([*self.command_prefix, *cmd], log)
+    def spawn(self, cmd: Sequence[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start `cmd` where the control plane runs (after `command_prefix`), stopped with it; `env` is
+        added to this process's environment."""
+        proc = _spawn([*self.command_prefix, *cmd], log, env={**os.environ, **env} if env else None)
         self._procs.append(proc)
         return proc
 
@@ -341,7 +347,9 @@ class ControlPlane:
             port = _free_ports(1)[0]
             log = d / f"{name}.log"
             if name == "kube-scheduler":
-                cmd = controllers.scheduler_cmd(bin_dir, d, self._ca, kubeconfig, port, default=everything)
+                extender = self.extender(self) if self.extender else None  # up before anything calls it
+                cmd = controllers.scheduler_cmd(bin_dir, d, self._ca, kubeconfig, port, default=everything,
+                                                extender=extender)
             else:
                 cmd = controllers.controller_manager_cmd(bin_dir, d, self._ca, kubeconfig, port, every=everything)
             proc = self.spawn(cmd, log)
@@ -354,6 +362,11 @@ class ControlPlane:
         ctx.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
         return urllib.request.build_opener(urllib.request.ProxyHandler({}),
                                            urllib.request.HTTPSHandler(context=ctx))
+
+    def wait_ready(self, what: str, proc: subprocess.Popen[bytes], log: Path, url: str) -> None:
+        """Wait until `url` answers 2xx, as for the control plane's own processes: for a process started
+        beside them (`spawn`)."""
+        self._wait(what, proc, log, url, lambda body: True)
 
     def _wait(self, what: str, proc: subprocess.Popen[bytes], log: Path, url: str,
               ok: Callable[[bytes], bool]) -> None:

@@ -16,10 +16,20 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from devtools import controllers
+from devtools.procs import free_ports
+
+if TYPE_CHECKING:
+    from devtools.controlplane import ControlPlane
 
 SOURCE_ENV = "HAMI_MT_HAMI_SOURCE"
 MODULE = "github.com/Project-HAMi/HAMi"
@@ -115,3 +125,53 @@ def write_device_config(path: Path) -> Path:
     """HAMi's device configuration file (YAML is a superset of JSON) for `--device-config-file`."""
     path.write_text(json.dumps(DEVICE_CONFIG, indent=2) + "\n")
     return path
+
+
+#: The series HAMi's scheduler exports per card it has registered (cmd/scheduler/metrics.go).
+_CARD_SERIES = re.compile(r'^hami_gpu_memory_limit_bytes\{([^}]*)\} (\S+)$', re.M)
+
+
+@dataclass
+class SchedulerExtender:
+    """HAMi's scheduler (`build_scheduler`) as the extender of a local control plane's kube-scheduler:
+    `ControlPlane(controllers=True, extender=SchedulerExtender(binary))` calls it once the API server is up.
+
+    It serves plain HTTP on a free loopback port (HAMi's chart uses TLS only for its webhook), reads the
+    Moore Threads section of its device configuration, logs in with the admin kubeconfig (it patches pods
+    and binds them) and has no leader election, as with one replica.
+    """
+
+    binary: Path
+    #: klog verbosity: 4 logs each card Fit looks at, 5 why it passed a card over.
+    verbosity: int = 2
+    url: str = ""
+    metrics_url: str = ""
+    log: Path = field(default=Path())
+
+    def __call__(self, cp: ControlPlane) -> str:
+        d = cp.workdir / "hami-scheduler"
+        d.mkdir(exist_ok=True)
+        config = write_device_config(d / "device-config.yaml")
+        port, metrics = free_ports(2)
+        self.log = d / "hami-scheduler.log"
+        proc = cp.spawn([str(self.binary), f"--http_bind=127.0.0.1:{port}",
+                         f"--scheduler-name={controllers.SCHEDULER_NAME}",  # the source of its events
+                         f"--device-config-file={config}", f"--metrics-bind-address=127.0.0.1:{metrics}",
+                         "--leader-elect=false", f"--v={self.verbosity}"],
+                        self.log, env={"KUBECONFIG": str(cp.kubeconfig)})
+        self.url, self.metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics"
+        cp.wait_ready("hami-scheduler", proc, self.log, f"{self.url}/healthz")
+        return self.url
+
+    def cards(self) -> Counter[str]:
+        """The cards HAMi has registered, per node: it reads nodes when one is added and every 15 s, so a
+        test waits for this before it counts on HAMi knowing a node."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(self.metrics_url, timeout=10) as answer:
+            return registered_cards(answer.read().decode())
+
+
+def registered_cards(metrics: str) -> Counter[str]:
+    """The cards per node in HAMi's scheduler metrics: one memory-limit series per card."""
+    return Counter(dict(re.findall(r'(\w+)="([^"]*)"', labels)).get("node", "")
+                   for labels, _ in _CARD_SERIES.findall(metrics))
