@@ -16,7 +16,7 @@ from devtools import wheel
 from devtools.controlplane import ControlPlane, ControlPlaneError
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
-from .support import RETIRED, TAINT
+from .support import RETIRED, TAINT, serving_from_wheel
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -34,16 +34,8 @@ def installed() -> Iterator[wheel.Installed]:
     (one per state of the sources, see `wheel.install_cached`).
 
     Every webhook the e2e tier starts runs `serve` from here, the command users run."""
-    try:
-        done = wheel.install_cached()
-    except RuntimeError as e:
-        pytest.fail(f"the package did not build or install:\n{e}", pytrace=False)
-    before = LocalWebhook.command_prefix
-    LocalWebhook.command_prefix = (str(done.exe),)
-    try:
+    with serving_from_wheel() as done:
         yield done
-    finally:
-        LocalWebhook.command_prefix = before
 
 
 @pytest.fixture(scope="session")

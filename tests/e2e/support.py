@@ -7,13 +7,17 @@ import os
 import re
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
+from devtools import wheel
 from devtools.controlplane import ControlPlane
+from devtools.local import LocalWebhook
 from hami_mt_webhook.rules import templates
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -103,6 +107,35 @@ def check_example(controlplane: ControlPlane, ns: str, example: str) -> None:
         assert f'admission webhook "{hook}.hami-mt.mthreads.com" denied the request: {message}' in r.stderr
     else:
         assert r.stderr.count("Warning:") == len(expected["warnings"]), r.stderr
+
+
+@contextmanager
+def serving_from_wheel() -> Iterator[wheel.Installed]:
+    """The wheel built from this tree, installed with its dependencies into a fresh virtualenv outside it
+    (one per state of the sources, see `wheel.install_cached`): every webhook started meanwhile runs `serve`
+    from there, the command users run."""
+    try:
+        done = wheel.install_cached()
+    except RuntimeError as e:
+        pytest.fail(f"the package did not build or install:\n{e}", pytrace=False)
+    before = LocalWebhook.command_prefix
+    LocalWebhook.command_prefix = (str(done.exe),)
+    try:
+        yield done
+    finally:
+        LocalWebhook.command_prefix = before
+
+
+def until(what: str, probe: Callable[[], Any], timeout: float = 90.0, interval: float = 0.5) -> Any:
+    """Poll `probe` until it returns something truthy, and return that: controllers and schedulers act when
+    they act."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if result := probe():
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"not after {timeout:.0f} s: {what}")
+        time.sleep(interval)
 
 
 def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> None:

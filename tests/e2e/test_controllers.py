@@ -9,15 +9,13 @@ that only its pods (which tolerate the taint) land there: other modules' pods ca
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from devtools.local import apply_nodes
 
-from .support import CORE, IMAGE, MEMORY, VGPU, apply, stored
+from .support import CORE, IMAGE, MEMORY, VGPU, apply, stored, until
 
 POOL = "e2e.example.com/pool"
 S4000, S5000 = "ctl-s4000", "ctl-s5000"
@@ -25,7 +23,6 @@ ON = {S4000: {POOL: "controllers", "mthreads.com/gpu.product": "MTT-S4000"},
       S5000: {POOL: "controllers", "mthreads.com/gpu.product": "MTT-S5000"}}
 TOLERATE = [{"key": POOL, "operator": "Equal", "value": "controllers", "effect": "NoSchedule"}]
 MUTATE_DENIED = 'admission webhook "mutate.hami-mt.mthreads.com" denied the request: '
-WAIT_S = 90.0
 
 
 def node(name: str, cards: int, per_card: int) -> dict[str, Any]:
@@ -34,16 +31,6 @@ def node(name: str, cards: int, per_card: int) -> dict[str, Any]:
             "status": {"capacity": {"cpu": "64", "memory": "512Gi", "pods": "110", "mthreads.com/gpu": str(cards),
                                     CORE: str(16 * cards), MEMORY: str(per_card * cards)}}}
 
-
-def until(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    """Poll `probe` until it returns something truthy; controllers and the scheduler act when they act."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if result := probe():
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"not after {timeout:.0f} s: {what}")
-        time.sleep(0.5)
 
 
 def get(cp, *args: str) -> Any:

@@ -21,18 +21,14 @@ import yaml
 from devtools import hami, wheel
 from devtools.controlplane import ControlPlane, ControlPlaneError
 from devtools.local import LocalWebhook
+from tests.e2e.support import serving_from_wheel
+from tests.tiers import only_when_selected
 
 HAMI_DIR = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark everything here `hami`; leave it out unless the marker expression names it."""
-    ours = [item for item in items if item.path.is_relative_to(HAMI_DIR)]
-    for item in ours:
-        item.add_marker(pytest.mark.hami)
-    if "hami" not in (config.option.markexpr or ""):
-        config.hook.pytest_deselected(items=ours)
-        items[:] = [item for item in items if not item.path.is_relative_to(HAMI_DIR)]
+    only_when_selected(config, items, "hami", HAMI_DIR)
 
 
 @pytest.fixture(scope="session")
@@ -52,16 +48,8 @@ def hami_scheduler() -> Path:
 @pytest.fixture(scope="session")
 def installed(hami_scheduler: Path) -> Iterator[wheel.Installed]:
     """The wheel built from this tree in a fresh virtualenv, as the e2e tier runs the webhook."""
-    try:
-        done = wheel.install_cached()
-    except RuntimeError as e:
-        pytest.fail(f"the package did not build or install:\n{e}", pytrace=False)
-    before = LocalWebhook.command_prefix
-    LocalWebhook.command_prefix = (str(done.exe),)
-    try:
+    with serving_from_wheel() as done:
         yield done
-    finally:
-        LocalWebhook.command_prefix = before
 
 
 @pytest.fixture(scope="module")

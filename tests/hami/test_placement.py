@@ -13,21 +13,18 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from devtools import cluster, hami
 from devtools.controlplane import ControlPlane
-from tests.e2e.support import CORE, MEMORY, VGPU, apply, pod, stored
+from tests.e2e.support import CORE, MEMORY, VGPU, apply, pod, stored, until
 
 from .conftest import start_webhook
 
 NS = "hami-tier"
 EXPECT = "hami-tier/expect"
-WAIT_S = 60.0
 #: One node per test: eight S5000 cards for the exclusive pods, eight for multi-card and shared-card pods,
 #: three for the pods that leave room on no card, and the S4000's one card.
 EXCLUSIVE, SHARED, SPLIT, S4000 = "hami-s5000-a", "hami-s5000-b", "hami-s5000-c", "hami-s4000"
@@ -41,16 +38,6 @@ HAMI_REASON = re.compile(r"\b\d+/\d+ [A-Z][A-Za-z]+\b|node unregistered|node usa
 #: Events a refused pod gets: kube-scheduler's, and HAMi's own at filter and bind.
 REFUSALS = ("FailedScheduling", "FilteringFailed", "BindingFailed")
 
-
-def until(what: str, probe: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    """Poll `probe` until it returns something truthy: kube-scheduler and HAMi act when they act."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if result := probe():
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"not after {timeout:.0f} s: {what}")
-        time.sleep(0.3)
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ import pytest
 from devtools import local
 from devtools.binaries import ControlPlaneError
 from devtools.node import Node
+from tests.tiers import only_when_selected
 
 NODE_DIR = Path(__file__).resolve().parent
 NAMESPACE = local.NAMESPACE
@@ -25,13 +26,7 @@ MEASURED: list[str] = []
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark everything here `node`; leave it out unless the marker expression names it."""
-    ours = [item for item in items if item.path.is_relative_to(NODE_DIR)]
-    for item in ours:
-        item.add_marker(pytest.mark.node)
-    if "node" not in (config.option.markexpr or ""):
-        config.hook.pytest_deselected(items=ours)
-        items[:] = [item for item in items if not item.path.is_relative_to(NODE_DIR)]
+    only_when_selected(config, items, "node", NODE_DIR)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

@@ -1,0 +1,18 @@
+"""Tiers that run only when asked: their marker named in `-m` (the node tier, the hami tier)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def only_when_selected(config: pytest.Config, items: list[pytest.Item], marker: str, directory: Path) -> None:
+    """Mark every test below `directory` with `marker`; leave them out unless the marker expression names it
+    (a tier that needs root, or a tree fetched apart, must not run in a plain `pytest`)."""
+    ours = [item for item in items if item.path.is_relative_to(directory)]
+    for item in ours:
+        item.add_marker(getattr(pytest.mark, marker))
+    if marker not in (config.option.markexpr or ""):
+        config.hook.pytest_deselected(items=ours)
+        items[:] = [item for item in items if not item.path.is_relative_to(directory)]
