@@ -72,7 +72,7 @@ class HamiWebhook(Process):
 def skipped(message: str) -> Section:
     """The part's section when there is no HAMi to build: what it needs, instead of figures."""
     print(f"[peers] skipped: {message}", flush=True)
-    return Section(TITLE, [f"Skipped: {message}"])
+    return Section(TITLE, [f"Skipped: {message}"], skipped=True)
 
 
 def shipped_timeout(docs: Sequence[dict[str, Any]]) -> int:

@@ -38,6 +38,7 @@ class Section:
     reading: list[str] = field(default_factory=list)
     part: str = ""  # the part that wrote it (cli sets it), by which a later write keeps or replaces it
     run: str = ""  # when its figures were taken, for a section kept from an earlier write
+    skipped: bool = False  # no figures (what the part needs is missing): a write keeps the earlier ones
 
     def markdown(self) -> str:
         return "\n".join([f"## {self.title}", "", *self.lines, ""])
@@ -261,7 +262,8 @@ def merge(old: str, sections: Sequence[Section], order: Sequence[str]
           ) -> tuple[list[Section], list[tuple[tuple[str, ...], list[str]]]]:
     """This run's sections and those of the report `old` this run did not write again (another part and
     another title), in `order` (PARTS); old Reading lines are kept while none of the parts they speak
-    for ran now."""
+    for ran now. A skipped section (the part had nothing to measure with) never replaces earlier figures."""
+    sections = [s for s in sections if not s.skipped]
     ran = {s.part for s in sections if s.part}
     titles = {s.title for s in sections}
     old_sections, shared = earlier(old)

@@ -200,6 +200,16 @@ def test_write_keeps_the_sections_of_parts_not_run_and_replaces_those_run(tmp_pa
     assert again.count("## 1. Loopback HTTPS") == 1 and again.endswith("## Notes by hand\n")
 
 
+def test_a_skipped_part_keeps_its_earlier_figures_in_the_written_report(tmp_path) -> None:
+    path = tmp_path / "PERFORMANCE.md"
+    path.write_text(LEGACY)
+    _write(path, [report.Section("Peers", ["peers figures"], ["peers says so."], part="peers")], 1)
+    skipped = report.Section("Peers", ["Skipped: no HAMi tree"], part="peers", skipped=True)
+    text = _write(path, [skipped], 2)
+    assert "peers figures" in text and "- peers says so." in text and "no HAMi tree" not in text
+    assert "Peers (2027-01-01 00:00 UTC)" in text  # still said to come from the earlier run
+
+
 def test_a_written_report_reads_back_as_its_sections(tmp_path) -> None:
     path = tmp_path / "PERFORMANCE.md"
     written = [report.Section("A", ["line", "", "| t |"], ["a says."], part="http"),
