@@ -29,6 +29,7 @@ from .support import (
     pod,
     resources,
     stored,
+    until,
 )
 
 
@@ -88,11 +89,15 @@ def test_multi_card_takes_the_card_of_nodes_that_slice_enough_cards(controlplane
         def fill(name: str, **spec: Any) -> subprocess.CompletedProcess[str]:
             return apply(controlplane, ns, pod(name, {VGPU: 2}, **spec), "--dry-run=server", "-o", "json")
 
-        deadline = time.monotonic() + 20
-        while (r := fill("cards", nodeSelector=pool)).returncode != 0 or \
-                resources(json.loads(r.stdout))[0][MEMORY] != "192":
-            assert time.monotonic() < deadline, (r.stdout[-300:], r.stderr)  # the view reads the new nodes
-            time.sleep(0.2)
+        def both_in_view() -> bool:
+            """An exclusive pod of the pool sees both nodes' cards (a view without them falls back to
+            --memory-per-card, which a vgpu 2 fill of 192 cannot tell apart)."""
+            r = apply(controlplane, ns, pod("view", {VGPU: 1}, nodeSelector=pool), "--dry-run=server")
+            return r.returncode == 0 and "cards of 96, 160 units" in r.stderr
+
+        until("the webhook's view of both new nodes, with their capacity", both_in_view, timeout=20)
+        r = fill("cards", nodeSelector=pool)
+        assert r.returncode == 0, r.stderr
         limits, requests = resources(json.loads(r.stdout))
         assert limits == requests == {VGPU: "2", MEMORY: "192", CORE: "32"}
         assert "mthreads.com/sgpu-memory 192 (96 GiB)" in r.stderr and "could come from" not in r.stderr
