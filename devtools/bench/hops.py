@@ -27,7 +27,7 @@ import math
 import os
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,20 +222,34 @@ class Driver:
         tally.batches.append(sum(s for s, _ in step.values()) * 1e3 / pods)
 
 
-async def _until_active(driver: Driver, hook: Any, namespaces: dict[str, str]) -> None:
-    """Registered configurations reach the admission chain a moment later: dry-run until each one acts."""
+async def until_active(namespaces: dict[str, str], acts: Callable[[str, str], Awaitable[bool]],
+                       tag: str) -> None:
+    """Registered configurations reach the admission chain a moment later: try `acts(config, namespace)`
+    (a dry-run create) until it says each configuration acts as registered."""
     for config, ns in namespaces.items():
         for _ in range(300):
-            validations = _reviews(hook.metrics(), "validate-pods")
-            status, _, body = await driver.create(ns, dry_run=True)
-            mutated = status == 201 and body.get("spec", {}).get("schedulerName") == "hami-scheduler"
-            validated = _reviews(hook.metrics(), "validate-pods") > validations
-            if (config == "floor" and not mutated) or (config == "shipped" and mutated) or (
-                    config == "forced" and mutated and validated):
+            if await acts(config, ns):
                 break
             await asyncio.sleep(0.2)
         else:
-            raise RuntimeError(f"[hops] the {config} configuration never became active")
+            raise RuntimeError(f"[{tag}] the {config} configuration never became active")
+
+
+def mutated(status: int, body: dict[str, Any]) -> bool:
+    """A pod create (or dry run) the pod webhook mutated: the pod comes back sent to hami-scheduler."""
+    return status == 201 and body.get("spec", {}).get("schedulerName") == "hami-scheduler"
+
+
+async def _configs_active(driver: Driver, hook: Any, namespaces: dict[str, str]) -> None:
+    async def acts(config: str, ns: str) -> bool:
+        validations = _reviews(hook.metrics(), "validate-pods")
+        status, _, body = await driver.create(ns, dry_run=True)
+        done = mutated(status, body)
+        validated = _reviews(hook.metrics(), "validate-pods") > validations
+        return (config == "floor" and not done) or (config == "shipped" and done) or (
+            config == "forced" and done and validated)
+
+    await until_active(namespaces, acts, "hops")
 
 
 def _reviews(text: str, webhook: str) -> float:
@@ -272,7 +286,7 @@ def part_hops(opts: argparse.Namespace, workdir: Path) -> Section:
                 connector = aiohttp.TCPConnector(ssl=_api_ssl(cp), limit=64)
                 async with aiohttp.ClientSession(base_url=cp.server, connector=connector) as api:
                     driver = Driver(api)
-                    await _until_active(driver, hook, namespaces)
+                    await _configs_active(driver, hook, namespaces)
                     for ns in namespaces.values():  # warm-up: connections to the webhook, caches
                         await driver.batch(ns, 10, rate, Tally())
                     for r in range(rounds):

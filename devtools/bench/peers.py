@@ -273,7 +273,12 @@ def _through_apiserver(opts: argparse.Namespace, here: Path, binary: Path, sec: 
 async def _drive(cp: Any, namespaces: dict[str, str], rounds: int, pods: int, rate: float) -> Driven:
     async with admin_session(cp) as api:
         driver = hops.Driver(api, peer_body)
-        await _until_active(driver, namespaces)
+
+        async def acts(config: str, ns: str) -> bool:
+            status, _, body = await driver.create(ns, dry_run=True)
+            return hops.mutated(status, body)
+
+        await hops.until_active(namespaces, acts, "peers")
         for ns in namespaces.values():  # warm-up: connections to the webhooks, caches
             await driver.batch(ns, 10, rate, hops.Tally())
         tallies = {c: hops.Tally() for c in namespaces}
@@ -297,25 +302,13 @@ def calls(after: str, before: str) -> dict[tuple[str, ...], Histogram]:
     return {k: h for k, h in sorted(out.items()) if h.count > 0}
 
 
-async def _until_active(driver: hops.Driver, namespaces: dict[str, str]) -> None:
-    """Registered configurations reach the admission chain a moment later: dry-run until both mutate."""
-    for config, ns in namespaces.items():
-        for _ in range(300):
-            status, _, body = await driver.create(ns, dry_run=True)
-            if status == 201 and body.get("spec", {}).get("schedulerName") == "hami-scheduler":
-                break
-            await asyncio.sleep(0.2)
-        else:
-            raise RuntimeError(f"[peers] the {config} webhook never became active")
-
-
 async def _create_kind(api: Any, ns: str, kind: str) -> tuple[int, str]:
     """One pod of `kind` created for real: the HTTP status, and whether it was mutated or why refused."""
     async with api.post(f"/api/v1/namespaces/{ns}/pods", data=orjson.dumps(pod(kind, f"probe-{kind}", ns)),
                         headers={"Content-Type": "application/json"}) as r:
         body = orjson.loads(await r.read() or b"{}")
     if r.status == 201:
-        return r.status, "mutated" if body.get("spec", {}).get("schedulerName") == "hami-scheduler" else "unchanged"
+        return r.status, "mutated" if hops.mutated(r.status, body) else "unchanged"
     return r.status, str(body.get("message", ""))[:300]
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from devtools import wheel
-from devtools.controlplane import ControlPlane, ControlPlaneError
+from devtools.controlplane import ControlPlane
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
 
-from .support import RETIRED, TAINT, serving_from_wheel
+from .support import RETIRED, TAINT, running, serving_from_wheel
 
 E2E_DIR = Path(__file__).resolve().parent
 
@@ -40,15 +40,9 @@ def installed() -> Iterator[wheel.Installed]:
 
 @pytest.fixture(scope="session")
 def controlplane(installed: wheel.Installed) -> Iterator[ControlPlane]:
-    cp = ControlPlane(controllers=True)  # started once: every module shares its controllers and scheduler
-    try:
-        cp.start()
-    except ControlPlaneError as e:
-        pytest.fail(f"the local control plane did not start:\n{e}", pytrace=False)
-    try:
+    # started once: every module shares its controllers and scheduler
+    with running(ControlPlane(controllers=True)) as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 @pytest.fixture(scope="session")

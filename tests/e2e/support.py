@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from devtools import wheel
-from devtools.controlplane import ControlPlane
+from devtools.controlplane import ControlPlane, ControlPlaneError
 from devtools.local import LocalWebhook
 from hami_mt_webhook.rules import templates
 
@@ -110,6 +110,20 @@ def check_example(controlplane: ControlPlane, ns: str, example: str) -> None:
 
 
 @contextmanager
+def running(cp: ControlPlane, what: str = "the local control plane") -> Iterator[ControlPlane]:
+    """`cp` started for a fixture's life and stopped after it; a start that fails fails the tier with
+    what the control plane said, not a traceback."""
+    try:
+        cp.start()
+    except ControlPlaneError as e:
+        pytest.fail(f"{what} did not start:\n{e}", pytrace=False)
+    try:
+        yield cp
+    finally:
+        cp.stop()
+
+
+@contextmanager
 def serving_from_wheel() -> Iterator[wheel.Installed]:
     """The wheel built from this tree, installed with its dependencies into a fresh virtualenv outside it
     (one per state of the sources, see `wheel.install_cached`): every webhook started meanwhile runs `serve`
@@ -139,12 +153,8 @@ def until(what: str, probe: Callable[[], Any], timeout: float = 90.0, interval: 
 
 
 def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> None:
-    """Poll `check` until it is true; the API server applies some changes (registrations, labels) from caches."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:.0f} s: {what}")
-        time.sleep(0.1)
+    """`until`, polled more often: the API server applies some changes (registrations, labels) from caches."""
+    until(what, check, timeout, interval=0.1)
 
 
 def processes_mentioning(path: Path) -> list[int]:

@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from devtools import hami, wheel
-from devtools.controlplane import ControlPlane, ControlPlaneError
+from devtools.controlplane import ControlPlane
 from devtools.local import LocalWebhook
-from tests.e2e.support import serving_from_wheel
+from tests.e2e.support import running, serving_from_wheel
 from tests.tiers import only_when_selected
 
 HAMI_DIR = Path(__file__).resolve().parent
@@ -59,15 +59,9 @@ def extender(hami_scheduler: Path) -> hami.SchedulerExtender:
 
 @pytest.fixture(scope="module")
 def controlplane(installed: wheel.Installed, extender: hami.SchedulerExtender) -> Iterator[ControlPlane]:
-    cp = ControlPlane(controllers=True, extender=extender)
-    try:
-        cp.start()
-    except ControlPlaneError as e:
-        pytest.fail(f"the local control plane with HAMi's extender did not start:\n{e}", pytrace=False)
-    try:
+    with running(ControlPlane(controllers=True, extender=extender),
+                 "the local control plane with HAMi's extender") as cp:
         yield cp
-    finally:
-        cp.stop()
 
 
 def create_nodes(cp: ControlPlane, nodes: list[dict[str, Any]]) -> None:

@@ -39,7 +39,6 @@ HAMI_REASON = re.compile(r"\b\d+/\d+ [A-Z][A-Za-z]+\b|node unregistered|node usa
 REFUSALS = ("FailedScheduling", "FilteringFailed", "BindingFailed")
 
 
-
 @pytest.fixture(scope="module")
 def webhook(controlplane: ControlPlane):
     yield from start_webhook(controlplane, [model.node(name) for name, model in MODELS.items()])
