@@ -127,6 +127,8 @@ class LocalWebhook:
         self.workdir = Path(workdir)
         self.port, self.health_port, self.metrics_port = procs.free_ports(3)
         self.port = port or self.port
+        #: Where the probe listener is: a test of several replicas gives each a loopback address of its own.
+        self.health_host = "127.0.0.1"
         self.extra_args = list(extra_args)
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
@@ -145,7 +147,7 @@ class LocalWebhook:
         overlay = manifests.local_overlay(self.workdir / "overlay", url or self.url,
                                           self.certs.bundle.read_bytes())
         self.cp.kubectl("apply", "-k", str(overlay))
-        self._login()
+        self.login()
 
     def install_chart(self) -> None:
         """Install the Helm chart instead (`make run INSTALL=helm`), as the README's Helm section does: the
@@ -157,9 +159,9 @@ class LocalWebhook:
         bundle = base64.b64encode(self.certs.bundle.read_bytes()).decode()
         helm(self.cp, "install", RELEASE, str(CHART), "--namespace", NAMESPACE,
              "--set", f"development.webhookURL={self.url}", "--set", f"development.caBundle={bundle}")
-        self._login()
+        self.login()
 
-    def _login(self) -> None:
+    def login(self) -> None:
         """A kubeconfig for the ServiceAccount the manifests or the chart made: the webhook runs with their
         RBAC."""
         token = self.cp.kubectl("create", "token", SERVICE_ACCOUNT, "-n", NAMESPACE,
@@ -179,7 +181,7 @@ class LocalWebhook:
 
     def command(self) -> list[str]:
         return [*self.command_prefix, "serve", "--listen", "127.0.0.1",
-                "--port", str(self.port), "--health-listen", "127.0.0.1",
+                "--port", str(self.port), "--health-listen", self.health_host,
                 "--health-port", str(self.health_port),
                 "--metrics-port", str(self.metrics_port), "--cert-file", str(self.certs.tls_cert),
                 "--key-file", str(self.certs.tls_key), "--kubeconfig", str(self.kubeconfig), *self.extra_args]
@@ -207,13 +209,13 @@ class LocalWebhook:
 
     def _probe(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/{path}", timeout=1) as r:
+            with urllib.request.urlopen(f"http://{self.health_host}:{self.health_port}/{path}", timeout=1) as r:
                 return r.status == 200
         except (urllib.error.URLError, OSError):
             return False
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as r:
+        with urllib.request.urlopen(f"http://{self.health_host}:{self.metrics_port}/metrics", timeout=2) as r:
             return r.read().decode()
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int | None:

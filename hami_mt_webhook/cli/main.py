@@ -8,12 +8,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..rules.config import Config
 from . import settings
 from .settings import DEFAULT_CERTS, Setting
+
+if TYPE_CHECKING:
+    from ..service.peers import Failover
 
 __all__ = ["main"]
 
@@ -159,6 +162,7 @@ def _serve(args: argparse.Namespace) -> int:
     logs.setup(args.log_level, args.log_format)
     config = _load_config(args)
     limits = Limits(**{setting.dest: getattr(args, setting.dest) for setting in settings.LIMITS})
+    failover = _failover(args)
     for path in (args.cert_file, args.key_file):
         if not Path(path).is_file():
             raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")
@@ -174,8 +178,32 @@ def _serve(args: argparse.Namespace) -> int:
     # reviews/s on one core), far above any rate at which a cluster creates pods.
     asyncio.run(app.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
                        metrics_port=args.metrics_port, node_watch=args.node_watch,
-                       node_selector=args.node_selector))
+                       node_selector=args.node_selector, failover=failover))
     return 0
+
+
+def _failover(args: argparse.Namespace) -> Failover | None:
+    """`serve`'s peer settings, checked where they enter: None when --peer-selector is unset."""
+    from ..service.peers import Failover
+    from ..service.peerview import Timing
+
+    for setting in settings.PEERS:
+        value = getattr(args, setting.dest)
+        if isinstance(setting.default, float) and not value > 0:
+            raise ValueError(f"{setting.flag} must be a number of seconds above 0; got {value!r}")
+    if not args.peer_selector:
+        return None
+    missing = [flag for flag, value in (("--pod-name", args.pod_name), ("--pod-namespace", args.pod_namespace))
+               if not value]
+    if missing:
+        raise ValueError(f"--peer-selector {args.peer_selector!r} needs {' and '.join(missing)} (the chart sets "
+                         "them from the downward API: HAMI_MT_POD_NAME, HAMI_MT_POD_NAMESPACE)")
+    if args.peer_timeout > args.peer_silent_after:
+        raise ValueError(f"--peer-timeout {args.peer_timeout} must not exceed --peer-silent-after "
+                         f"{args.peer_silent_after}: a probe still waiting could not yet count as silence")
+    return Failover(me=args.pod_name, namespace=args.pod_namespace, selector=args.peer_selector,
+                    interval=args.peer_interval, timeout=args.peer_timeout,
+                    timing=Timing(silent_after=args.peer_silent_after, recover_after=args.peer_recover_after))
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -144,6 +144,18 @@ SERVE = (
     Setting("--node-selector", None,
             "label selector for the Node watch, e.g. mthreads.com/gpu-node: only if every sliced "
             "node carries it", unset="all nodes"),
+    *(PEERS := (
+        Setting("--peer-selector", None,
+                "label selector of this webhook's own pods: the replicas probe each other and take one "
+                "that most of them cannot hear out of the Service, through the chart's readiness gate "
+                "(needs --pod-name and --pod-namespace)", unset="off"),
+        Setting("--pod-name", None, "this replica's pod, from the downward API", unset="none"),
+        Setting("--pod-namespace", None, "this replica's namespace, from the downward API", unset="none"),
+        Setting("--peer-interval", 0.25, "seconds between probes of each other replica"),
+        Setting("--peer-timeout", 0.5, "seconds a probe may take"),
+        Setting("--peer-silent-after", 0.75, "seconds without an answer after which a replica is silent"),
+        Setting("--peer-recover-after", 1.0, "seconds of answers after which a silent replica is back"),
+    )),
     Setting("--log-level", "info", "info logs one line per denial and per mutation",
             choices=("debug", "info", "warning", "error")),
     Setting("--log-format", "json", "", choices=("json", "plain")),

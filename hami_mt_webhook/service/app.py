@@ -17,6 +17,7 @@ import kopf
 
 from . import nodewatch, quotawatch
 from .nodefeed import NodeFeed
+from .peers import Failover, Peers
 from .probes import health_app
 from .server import AdmissionServer
 from .state import State
@@ -35,9 +36,10 @@ def register(registry: kopf.OperatorRegistry, state: State) -> None:
 
 
 async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
-              metrics_port: int | None, node_watch: str, node_selector: str | None) -> None:
-    """Run kopf (login, webhook server, signals) with the node and quota watches and the probe and metrics
-    listeners."""
+              metrics_port: int | None, node_watch: str, node_selector: str | None,
+              failover: Failover | None = None) -> None:
+    """Run kopf (login, webhook server, signals) with the node and quota watches, the probe and metrics
+    listeners, and with `failover` the replicas' watch of each other (`peers`)."""
     gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
     registry = kopf.OperatorRegistry()
     register(registry, state)
@@ -55,9 +57,15 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     watcher = asyncio.create_task(_keep_watching(nodes), name="node watch")
     quotas = quotawatch.quota_watch(state.quotas, state.config, login, node_watch)
     quota_watcher = asyncio.create_task(_keep_watching(quotas), name="quota watch")
+    tasks = [watcher, quota_watcher]
+    health = health_app(state)
+    if failover is not None:
+        peers = Peers(state, login, failover, port=health_port, mode=node_watch)
+        health.router.add_get("/peers", peers.answer)
+        tasks.append(asyncio.create_task(peers.run(), name="peers"))
     runners = []
     try:
-        runner = aiohttp.web.AppRunner(health_app(state), access_log=None)
+        runner = aiohttp.web.AppRunner(health, access_log=None)
         await runner.setup()
         runners.append(runner)
         await aiohttp.web.TCPSite(runner, health_addr, health_port).start()
@@ -69,8 +77,8 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
         await kopf.operator(registry=registry, settings=settings, standalone=True, clusterwide=True,
                             identity=identity)
     finally:
-        watcher.cancel()
-        quota_watcher.cancel()
+        for task in tasks:
+            task.cancel()
         for runner in runners:
             await runner.cleanup()
 

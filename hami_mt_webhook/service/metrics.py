@@ -16,6 +16,8 @@ from ..rules.decision import Decision
 __all__ = ["Metrics"]
 
 OPERATIONS = frozenset({"CREATE", "UPDATE", "DELETE", "CONNECT"})
+#: The states of hami_mt_webhook_peers.
+PEER_STATES = ("answering", "silent", "disputed")
 
 
 class Metrics:
@@ -59,6 +61,19 @@ class Metrics:
                                  "Sliced nodes whose per-card sgpu-memory is not a known card size (96, 160 "
                                  "or a memoryPerCard value): overcommitted memory, usually.", registry=r)
 
+        self.peers = Gauge("hami_mt_webhook_peers",
+                           "The other replicas as this one hears them (failover): answering, silent (not heard "
+                           "for --peer-silent-after), and disputed (silent to this replica but heard by most "
+                           "of the others: a split view no verdict settles).", ["state"], registry=r)
+        self.peer_verdicts = Counter("hami_mt_webhook_peer_verdicts",
+                                     "Verdicts this replica wrote on a replica's readiness gate: not_answering "
+                                     "takes it out of the Service's endpoints, answering puts it back.",
+                                     ["verdict"], registry=r)
+        for state in PEER_STATES:
+            self.peers.labels(state).set(0)
+        for verdict in ("answering", "not_answering"):
+            self.peer_verdicts.labels(verdict)
+
     def _child(self, metric: Any, *labels: str) -> Any:
         """A labelled series, looked up once: prometheus_client's own lookup takes a lock every time."""
         key = (id(metric), *labels)
@@ -84,6 +99,14 @@ class Metrics:
 
     def connection_closed(self, reason: str) -> None:
         self._child(self.connections_closed, reason).inc()
+
+    def peers_seen(self, **counts: int) -> None:
+        """How many other replicas this one hears, does not hear, and disputes (`PEER_STATES`)."""
+        for state, n in counts.items():
+            self._child(self.peers, state).set(n)
+
+    def peer_verdict(self, answering: bool) -> None:
+        self._child(self.peer_verdicts, "answering" if answering else "not_answering").inc()
 
 
 #: Bounds of hami_mt_webhook_review_duration_seconds, in seconds.

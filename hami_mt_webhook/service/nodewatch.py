@@ -111,11 +111,11 @@ class Watch:
             if info is None:
                 raise kopf.LoginError(f"no kubeconfig and no service account for the {self.what}")
             try:
-                async with _session(info) as session:
+                async with session(info) as client:
                     if self.mode == "auto":
-                        self.mode = await _choose_mode(session, info.server, self.what)
+                        self.mode = await _choose_mode(client, info.server, self.what)
                     while True:
-                        await self._once(session, info.server)
+                        await self._once(client, info.server)
                         # A watch that ended cleanly: reconnect at once.
                         delay, self.failures = BACKOFF_START, 0
             except asyncio.CancelledError:
@@ -235,7 +235,8 @@ async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = 
     return mode
 
 
-def _session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
+def session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
+    """A client of the API server as `info` logs in (also the peer watch's, for its status writes)."""
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=2),
         headers={**info.as_http_headers(), "Accept": "application/json", "Accept-Encoding": "identity",

@@ -25,7 +25,10 @@ SERVE_ENV = {
     "--node-watch": "HAMI_MT_NODE_WATCH", "--node-selector": "HAMI_MT_NODE_SELECTOR",
     "--max-connections": "HAMI_MT_MAX_CONNECTIONS", "--handshake-timeout": "HAMI_MT_HANDSHAKE_TIMEOUT",
     "--idle-timeout": "HAMI_MT_IDLE_TIMEOUT", "--request-timeout": "HAMI_MT_REQUEST_TIMEOUT",
-    "--write-timeout": "HAMI_MT_WRITE_TIMEOUT",
+    "--write-timeout": "HAMI_MT_WRITE_TIMEOUT", "--peer-selector": "HAMI_MT_PEER_SELECTOR",
+    "--pod-name": "HAMI_MT_POD_NAME", "--pod-namespace": "HAMI_MT_POD_NAMESPACE",
+    "--peer-interval": "HAMI_MT_PEER_INTERVAL", "--peer-timeout": "HAMI_MT_PEER_TIMEOUT",
+    "--peer-silent-after": "HAMI_MT_PEER_SILENT_AFTER", "--peer-recover-after": "HAMI_MT_PEER_RECOVER_AFTER",
 }
 RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
@@ -247,3 +250,15 @@ def test_node_watch_choices_are_the_watch_modes():
     assert "aiohttp" not in subprocess.run(
         [sys.executable, "-c", "import sys, hami_mt_webhook.cli.settings; print(sorted(sys.modules))"],
         capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--peer-selector", "app=x"], "--peer-selector 'app=x' needs --pod-name and --pod-namespace"),
+    (["--peer-selector", "app=x", "--pod-name", "w-1"], "needs --pod-namespace (the chart sets"),
+    (["--peer-interval", "0"], "--peer-interval must be a number of seconds above 0; got 0.0"),
+    (["--peer-selector", "app=x", "--pod-name", "w-1", "--pod-namespace", "ns", "--peer-timeout", "2"],
+     "--peer-timeout 2.0 must not exceed --peer-silent-after 0.75"),
+])
+def test_serve_refuses_bad_failover_settings_naming_what_was_typed(capsys, args, says):
+    assert cli.main(["serve", *args]) == 2
+    assert says in capsys.readouterr().err

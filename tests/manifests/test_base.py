@@ -182,7 +182,6 @@ def test_cluster_role_reads_nodes_and_quotas_and_nothing_else(docs: list[dict[st
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
                              {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list", "watch"]}]
     assert "aggregationRule" not in role
-    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding")]
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -190,6 +189,39 @@ def test_cluster_role_reads_nodes_and_quotas_and_nothing_else(docs: list[dict[st
         "name": role["metadata"]["name"],
     }
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": NS}]
+
+
+def test_the_only_write_is_pod_status_in_the_webhook_namespace(docs: list[dict[str, Any]]) -> None:
+    """Failover writes the readiness gate's condition on the replicas' pods: pods/status patch, in the
+    namespace the replicas run in, and nothing else."""
+    role = one(docs, "Role")
+    assert role["metadata"]["namespace"] == NS
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+                             {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
+    binding = one(docs, "RoleBinding")
+    assert binding["metadata"]["namespace"] == NS
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": role["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": NS}]
+    writes = [rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"]
+              if set(rule["verbs"]) - {"get", "list", "watch"}]
+    assert writes == [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
+
+
+def test_failover_gate_selector_and_identity(docs: list[dict[str, Any]]) -> None:
+    """The readiness gate is the condition the replicas write; the peer selector picks exactly the
+    Deployment's pods; the pod's name and namespace come from the downward API."""
+    from hami_mt_webhook.service.peerview import CONDITION
+
+    deploy = one(docs, "Deployment")
+    pod_spec = deploy["spec"]["template"]["spec"]
+    assert pod_spec["readinessGates"] == [{"conditionType": CONDITION}]
+    (c,) = pod_spec["containers"]
+    args = c["command"]
+    selector = dict(part.split("=") for part in args[args.index("--peer-selector") + 1].split(","))
+    assert selector == deploy["spec"]["selector"]["matchLabels"]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
+    assert env == {"HAMI_MT_POD_NAME": "metadata.name", "HAMI_MT_POD_NAMESPACE": "metadata.namespace"}
 
 
 def test_service(docs: list[dict[str, Any]]) -> None:
@@ -226,6 +258,8 @@ def test_deployment_container(docs: list[dict[str, Any]]) -> None:
         "--scheduler-name", "hami-scheduler", "--vgpu-resource", "mthreads.com/vgpu",
         "--memory-resource", "mthreads.com/sgpu-memory", "--core-resource", "mthreads.com/sgpu-core",
         "--whole-card-resources", "mthreads.com/gpu", "--memory-per-card", "96",
+        "--peer-selector", "app.kubernetes.io/name=hami-mt-webhook", "--peer-interval", "0.25",
+        "--peer-timeout", "0.5", "--peer-silent-after", "0.75", "--peer-recover-after", "1",
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["https"] == 8443 and ports["metrics"] == 9090
@@ -324,6 +358,10 @@ def test_network_policies_open_the_webhook_port_to_an_address_block_and_the_rest
     assert all(set(peer) == {"ipBlock"} for rule in admission for peer in rule["from"])
     observability = policies["hami-mt-webhook-observability"]["spec"]["ingress"]
     assert sorted(p["port"] for rule in observability for p in rule["ports"]) == [8080, 9090]
+    # failover: the replicas, and only they, reach each other's probe port
+    (peers,) = policies["hami-mt-webhook-peers"]["spec"]["ingress"]
+    assert [p["port"] for p in peers["ports"]] == [8080]
+    assert peers["from"] == [{"podSelector": {"matchLabels": pod_labels}}]
     assert all(set(peer) == {"namespaceSelector"} for rule in observability for peer in rule["from"])
 
 
@@ -340,7 +378,7 @@ def test_network_policy_component_renders_with_the_base(tmp_path: Path) -> None:
     )
     rendered = kustomize(tmp_path / "overlay")
     assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy") == [
-        "hami-mt-webhook-admission", "hami-mt-webhook-observability"]
+        "hami-mt-webhook-admission", "hami-mt-webhook-observability", "hami-mt-webhook-peers"]
 
 
 # --- monitoring component -------------------------------------------------------------------------------

@@ -1,0 +1,261 @@
+"""Failover: the replicas probe each other and take a silent one out of the Service (`peerview` says why).
+
+Each replica watches the Deployment's pods in its namespace (the node watch's machinery, `nodewatch.Watch`,
+on `/api/v1/namespaces/<ns>/pods` with the chart's selector), asks every other one for its view at
+`/peers` on the probe port every `interval` seconds, and answers the same question itself. What most of
+them agree on is written to the silent replica's pod status: the readiness gate's condition `False` and
+`Ready` `False` (as the node controller writes it when a node stops reporting), so the EndpointSlice
+controller drops the endpoint even when the replica's kubelet is gone with its node. kubelet computes
+`Ready` again from the gate once it is `True` again.
+
+A replica vouches for itself once, when it is ready to answer after a start (the gate's condition is
+absent on a new pod, so the pod is not Ready until then); after that only the others change it, except
+that the last replica always vouches for itself.
+
+Probes go to the plain-HTTP probe port, served by the same event loop as the webhook port: a replica
+that cannot answer there (stopped, hung, cut off, its node dead) cannot answer a review either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import aiohttp.web
+import orjson
+
+from .nodefeed import Build, Feed
+from .nodewatch import Login, Watch, session
+from .peerview import CONDITION, Replica, Timing, Verdict, View, disputed, judge, replica
+from .state import State
+
+__all__ = ["Failover", "Peers"]
+
+logger = logging.getLogger("hami_mt_webhook")
+
+#: Probes of one peer allowed in flight at once: a silent one is asked again each interval, not piled on.
+IN_FLIGHT = 3
+#: A verdict written is not written again for this long while the watch has not shown it back yet.
+ECHO_SECONDS = 2.0
+
+
+class PeerFeed(Feed):
+    """The Deployment's pods in, the replicas as `peerview` sees them kept up to date."""
+
+    def __init__(self) -> None:
+        self.replicas: dict[str, Replica] = {}
+        self.resource_version: str | None = None
+        self.build: Build | None = None
+        self.synced_at: float | None = None
+        self.metrics = None
+
+    def start_build(self) -> None:
+        self.build = Build()
+        self.resource_version = None
+
+    def apply(self, kind: str, obj: dict[str, Any]) -> None:
+        name = str((obj.get("metadata") or {}).get("name") or "")
+        found = None if kind == "DELETED" else replica(obj)
+        if self.build is not None:
+            self.build.apply(kind, name, found)
+        elif found is None:
+            self.replicas.pop(name, None)
+        else:
+            self.replicas[name] = found
+
+    def finish_build(self, resource_version: str | None) -> None:
+        assert self.build is not None
+        self.replicas, self.build = dict(self.build.nodes), None
+        self.resource_version = resource_version or None
+        self.synced_at = time.time()
+
+
+@dataclass(frozen=True)
+class Failover:
+    """`serve`'s peer settings: who this replica is, how it finds the others, how often it asks them."""
+
+    me: str
+    namespace: str
+    selector: str
+    interval: float = 0.25
+    timeout: float = 0.5
+    timing: Timing = Timing()
+
+
+class Peers:
+    """The probe loop, the /peers answer and the verdicts of one replica; the others are asked on `port`,
+    the probe port they share with this one."""
+
+    def __init__(self, state: State, login: Login, failover: Failover, *, port: int, mode: str) -> None:
+        self.state, self.login, self.port = state, login, port
+        self.me, self.namespace = failover.me, failover.namespace
+        self.interval, self.timeout, self.timing = failover.interval, failover.timeout, failover.timing
+        self.feed = PeerFeed()
+        self.watch = Watch(self.feed, login, path=f"/api/v1/namespaces/{self.namespace}/pods",
+                           what="peer watch", mode=mode, label_selector=failover.selector, rest=0.0)
+        self.vouched = False
+        self._heard: dict[str, float] = {}  # name -> monotonic time last heard (or first asked)
+        self._streak: dict[str, float] = {}  # name -> monotonic time its current run of answers began
+        self._views: dict[str, View] = {}
+        self._in_flight: dict[str, int] = {}
+        self._written: dict[str, tuple[bool, float]] = {}  # name -> what this replica last wrote, and when
+        self._api: aiohttp.ClientSession | None = None
+        self._http: aiohttp.ClientSession | None = None
+
+    # the answer ---------------------------------------------------------------------------------------
+
+    def view(self) -> View:
+        now = time.monotonic()
+        heard = {name: now - t for name, t in self._heard.items()}
+        return View(self.me, heard, frozenset(n for n, s in heard.items() if s >= self.timing.silent_after))
+
+    async def answer(self, _: aiohttp.web.Request) -> aiohttp.web.Response:
+        """GET /peers: this replica's view, which is also how the others know it answers."""
+        return aiohttp.web.Response(body=orjson.dumps(self.view().to_json()), content_type="application/json")
+
+    # the loop -----------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        watching = asyncio.create_task(self._keep_watching(), name="peer watch")
+        self._http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=IN_FLIGHT, keepalive_timeout=30),
+            timeout=aiohttp.ClientTimeout(total=self.timeout), headers={"User-Agent": "hami-mt-webhook peers"})
+        logger.info("failover on: probing the other replicas every %.2f s; one not heard for %.2f s by most "
+                    "of them is taken out of the Service", self.interval, self.timing.silent_after)
+        try:
+            while True:
+                started = time.monotonic()
+                self._probe_all()
+                await self._decide()
+                await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+        finally:
+            watching.cancel()
+            await self._http.close()
+            if self._api is not None:
+                await self._api.close()
+
+    async def _keep_watching(self) -> None:
+        while True:
+            try:
+                await self.watch.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("the peer watch failed; restarting it in 1 s")
+                await asyncio.sleep(1.0)
+
+    def _probe_all(self) -> None:
+        now = time.monotonic()
+        peers = {name: r for name, r in self.feed.replicas.items() if name != self.me and not r.deleting}
+        for name in list(self._heard):
+            if name not in peers:
+                for known in (self._heard, self._streak, self._views, self._in_flight, self._written):
+                    known.pop(name, None)
+        for name, r in peers.items():
+            self._heard.setdefault(name, now)
+            if self._in_flight.get(name, 0) < IN_FLIGHT:
+                self._in_flight[name] = self._in_flight.get(name, 0) + 1
+                asyncio.create_task(self._probe(name, r.ip), name=f"probe {name}")
+
+    async def _probe(self, name: str, ip: str) -> None:
+        assert self._http is not None
+        host = f"[{ip}]" if ":" in ip else ip
+        try:
+            async with self._http.get(f"http://{host}:{self.port}/peers") as resp:
+                body = await resp.read() if resp.status == 200 else b""
+            view = View.from_json(orjson.loads(body))
+            if view.name != name:
+                raise ValueError(f"{ip} answers as {view.name}")  # an address already given to another pod
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
+            self._views.pop(name, None)
+            self._streak.pop(name, None)
+            logger.debug("peer %s (%s) did not answer: %s", name, ip, type(err).__name__)
+        else:
+            if name in self._heard:
+                now = time.monotonic()
+                self._heard[name] = now
+                self._streak.setdefault(name, now)
+                self._views[name] = view
+        finally:
+            if name in self._in_flight:
+                self._in_flight[name] -= 1
+
+    async def _decide(self) -> None:
+        replicas = self.feed.replicas
+        if self.feed.synced_at is None:
+            return
+        now = time.monotonic()
+        heard = {name: now - t for name, t in self._heard.items()}
+        answering = {name: now - t for name, t in self._streak.items()}
+        own = replicas.get(self.me)
+        verdicts = {v.name: v for v in judge(self.me, replicas, heard, answering, self._views, self.timing)}
+        if not self.vouched and own is not None and self.state.view.ready and self.state.serving:
+            if own.answering is True:
+                self.vouched = True
+            else:
+                verdicts[self.me] = Verdict(self.me, True, 1, len(replicas), "started and ready to answer")
+        for verdict in verdicts.values():
+            written = self._written.get(verdict.name)
+            if written is not None and written[0] is verdict.answering and now - written[1] < ECHO_SECONDS:
+                continue  # written just now, not yet seen back through the watch
+            if await self._write(verdict, replicas[verdict.name]) and verdict.name == self.me:
+                self.vouched = True
+        split = disputed(self.me, replicas, heard, self._views, self.timing)
+        self.state.metrics.peers_seen(answering=sum(1 for s in heard.values() if s < self.timing.silent_after),
+                                      silent=sum(1 for s in heard.values() if s >= self.timing.silent_after),
+                                      disputed=len(split))
+
+    async def _write(self, verdict: Verdict, target: Replica) -> bool:
+        """The verdict onto the pod's status; False if the API server could not be reached."""
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        reason = "PeersHearIt" if verdict.answering else "PeersDoNotHearIt"
+        message = (f"{verdict.reason}; {verdict.agreed} of {verdict.of} replicas agree "
+                   f"(judged by {self.me})")
+        conditions = [{"type": CONDITION, "status": "True" if verdict.answering else "False",
+                       "reason": reason, "message": message, "lastTransitionTime": stamp}]
+        if not verdict.answering and target.ready:
+            conditions.append({"type": "Ready", "status": "False", "reason": reason, "message": message,
+                               "lastTransitionTime": stamp})
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{verdict.name}/status"
+        body = orjson.dumps({"status": {"conditions": conditions}})
+        try:
+            api, server = self._api_session()
+            async with api.patch(server + path, data=body,
+                                 headers={"Content-Type": "application/strategic-merge-patch+json"},
+                                 timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                if resp.status >= 300:
+                    text = (await resp.text(errors="replace"))[:300]
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text)
+        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            logger.warning("could not mark replica %s %s: %s", verdict.name,
+                           "answering" if verdict.answering else "not answering", err)
+            with contextlib.suppress(Exception):
+                await self._reset_api()
+            return False
+        self._written[verdict.name] = (verdict.answering, time.monotonic())
+        self.state.metrics.peer_verdict(verdict.answering)
+        log = logger.info if verdict.answering else logger.warning
+        log("replica %s marked %s: %s", verdict.name,
+            "answering (back in the Service's endpoints)" if verdict.answering else
+            "not answering (out of the Service's endpoints)", message)
+        return True
+
+    def _api_session(self) -> tuple[aiohttp.ClientSession, str]:
+        info = self.login()
+        if info is None:
+            raise aiohttp.ClientConnectionError("no kubeconfig and no service account")
+        if self._api is None:
+            self._api = session(info)
+        return self._api, info.server
+
+    async def _reset_api(self) -> None:
+        """A fresh session after a failure: a rotated token is read again, a dead connection dropped."""
+        if self._api is not None:
+            api, self._api = self._api, None
+            await api.close()
