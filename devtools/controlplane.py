@@ -79,15 +79,18 @@ class ControlPlane:
 
     `extender` (with `controllers`) starts a scheduler extender before kube-scheduler, given the started
     control plane, and returns the URL kube-scheduler is to call it at: HAMi's own, in the `hami` tier
-    (`devtools.hami.SchedulerExtender`).
+    (`devtools.hami.SchedulerExtender`). `default_scheduler` (with `controllers`) has kube-scheduler answer
+    to `default-scheduler` without a real node, so pods that name no scheduler (the chart's own) are bound.
     """
 
     def __init__(self, *, bin_dir: Path | None = None, workdir: Path | None = None, keep: bool = False,
                  ready_timeout: float = 90.0, apiserver_args: Sequence[str] = (),
                  controllers: bool = False, command_prefix: Sequence[str] = (),
                  reach: Callable[[int], int] | None = None, apiserver_port: int | None = None,
-                 node_ip: str | None = None, extender: Callable[[ControlPlane], str] | None = None) -> None:
+                 node_ip: str | None = None, extender: Callable[[ControlPlane], str] | None = None,
+                 default_scheduler: bool = False) -> None:
         self.extender = extender
+        self.default_scheduler = default_scheduler
         self.command_prefix = list(command_prefix)
         self._reach = reach or (lambda port: port)
         self._fixed_apiserver_port = apiserver_port
@@ -348,7 +351,8 @@ class ControlPlane:
             log = d / f"{name}.log"
             if name == "kube-scheduler":
                 extender = self.extender(self) if self.extender else None  # up before anything calls it
-                cmd = controllers.scheduler_cmd(bin_dir, d, self._ca, kubeconfig, port, default=everything,
+                cmd = controllers.scheduler_cmd(bin_dir, d, self._ca, kubeconfig, port,
+                                                default=everything or self.default_scheduler,
                                                 extender=extender)
             else:
                 cmd = controllers.controller_manager_cmd(bin_dir, d, self._ca, kubeconfig, port, every=everything)

@@ -175,8 +175,11 @@ def test_a_rename_reaches_every_derived_field() -> None:
                     "--set", "resourceNames.wholeCard={example.com/MTT-S4000,example.com/MTT-S5000-80G}",
                     "--set", "schedulerName=my-hami", "--set", "memoryPerCard={96,160}")
     text = yaml.safe_dump_all(docs)
-    for annotation in (*BIND_ANNOTATIONS, RECORD):  # fixed names (hami-scheduler's, and the record's)
-        text = text.replace(annotation, "")
+    # fixed names (hami-scheduler's annotations, the record's), and the node labels that mark GPU nodes,
+    # which a resource rename does not change
+    gpu_labels = yaml.safe_load((CHART / "values.yaml").read_text())["avoidGpuNodes"]["labelKeys"]
+    for fixed in (*BIND_ANNOTATIONS, RECORD, *gpu_labels):
+        text = text.replace(fixed, "")
     assert "mthreads.com/" not in text and "hami-scheduler" not in text
     literal = "['example.com/vgpu', 'example.com/mem', 'example.com/core']"
     conditions = [c["expression"] for kind, name in CONFIGS for w in find(docs, kind, name)["webhooks"]
@@ -259,6 +262,14 @@ def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
     ("prometheusRule.thresholds.relistPerHour=6", "additional properties 'relistPerHour' not allowed"),
     ("prometheusRule.runbookURL=docs/operating.md#alerts", "at '/prometheusRule/runbookURL'"),
     ("dashboard.enabled=maybe", "at '/dashboard/enabled'"),
+    ("topologySpread.zone.whenUnsatisfiable=Never", "at '/topologySpread/zone/whenUnsatisfiable'"),
+    ("topologySpread.hostname.maxSkew=0", "at '/topologySpread/hostname/maxSkew'"),
+    ("topologySpread.rack.maxSkew=1", "additional properties 'rack' not allowed"),
+    ("avoidGpuNodes.weight=101", "at '/avoidGpuNodes/weight'"),
+    ("avoidGpuNodes.labelKeys={mthreads.com/gpu node}", "at '/avoidGpuNodes/labelKeys/0'"),
+    ("avoidGpuNode.enabled=false", "additional properties 'avoidGpuNode' not allowed"),
+    ("antiAffinity=preferred", "at '/antiAffinity'"),
+    ("affinity.nodeAfinity.x=y", "additional properties 'nodeAfinity' not allowed"),
 ])
 def test_a_bad_value_fails_where_it_enters_and_is_named(setting: str, named: str) -> None:
     """values.schema.json: helm refuses a bad value on template, install and upgrade, naming it."""

@@ -239,9 +239,20 @@ def test_deployment_is_highly_available(docs: list[dict[str, Any]]) -> None:
     assert spec["selector"]["matchLabels"].items() <= deploy["spec"]["template"]["metadata"]["labels"].items()
     assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
     assert pod_spec["priorityClassName"] == "system-cluster-critical"
-    (term,) = pod_spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
-    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"]
+    # Spread: one replica per node while a node has none, over zones where it can; each ReplicaSet counted
+    # alone, tainted nodes not counted.
+    spread = {c["topologyKey"]: c for c in pod_spec["topologySpreadConstraints"]}
+    assert {key: spread[key]["whenUnsatisfiable"] for key in spread} == {
+        "kubernetes.io/hostname": "DoNotSchedule", "topology.kubernetes.io/zone": "ScheduleAnyway"}
+    for c in spread.values():
+        assert c["maxSkew"] == 1 and c["nodeTaintsPolicy"] == "Honor"
+        assert c["labelSelector"] == spec["selector"] and c["matchLabelKeys"] == ["pod-template-hash"]
+    # Off GPU nodes when it can: one preferred term, a node with none of the GPU labels.
+    assert set(pod_spec["affinity"]) == {"nodeAffinity"}  # no pod anti-affinity: the spread does it
+    (term,) = pod_spec["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["weight"] == 100
+    assert {e["operator"] for e in term["preference"]["matchExpressions"]} == {"DoesNotExist"}
+    assert {"mthreads.com/gpu-node", "gpu"} <= {e["key"] for e in term["preference"]["matchExpressions"]}
     pdb = one(docs, "PodDisruptionBudget")
     assert pdb["apiVersion"] == "policy/v1"
     assert pdb["spec"]["minAvailable"] == 1

@@ -235,3 +235,53 @@ g.map(c,
 (has(c.resources) && has(c.resources.requests) && r in c.resources.requests ?
 c.resources.requests[r] : '-')).join(',')).join('+')).join('|')
 {{- end -}}
+
+{{/* The selector every placement rule counts replicas by: the Deployment's own. */}}
+{{- define "hmw.selector" -}}
+{{- dict "matchLabels" (dict "app.kubernetes.io/name" (include "hmw.name" .)) | toYaml -}}
+{{- end -}}
+
+{{/* topologySpreadConstraints: by node, then by zone (docs/operating.md, "Where the replicas run"). */}}
+{{- define "hmw.topologySpread" -}}
+{{- $spread := .Values.topologySpread -}}
+{{- $out := list -}}
+{{- range (list (list "kubernetes.io/hostname" $spread.hostname) (list "topology.kubernetes.io/zone" $spread.zone)) -}}
+{{- $c := index . 1 -}}
+{{- if $c.enabled -}}
+{{- $out = append $out (dict "topologyKey" (index . 0) "maxSkew" (int $c.maxSkew)
+      "whenUnsatisfiable" $c.whenUnsatisfiable "nodeTaintsPolicy" "Honor"
+      "labelSelector" (include "hmw.selector" $ | fromYaml) "matchLabelKeys" (list "pod-template-hash")) -}}
+{{- end -}}
+{{- end -}}
+{{- if $out }}{{ toYaml $out }}{{ end -}}
+{{- end -}}
+
+{{/* The pods' affinity: the user's `affinity`, with the chart's terms appended to its lists (a preference
+     for nodes without GPU labels, the antiAffinity term), so neither replaces the other. */}}
+{{- define "hmw.affinity" -}}
+{{- $affinity := deepCopy (.Values.affinity | default dict) -}}
+{{- $avoid := .Values.avoidGpuNodes -}}
+{{- if and $avoid.enabled $avoid.labelKeys -}}
+{{- $expressions := list -}}
+{{- range $avoid.labelKeys }}{{ $expressions = append $expressions (dict "key" . "operator" "DoesNotExist") }}{{ end -}}
+{{- /* One term, its expressions ANDed: only a node with none of the labels earns the weight. */ -}}
+{{- $term := dict "weight" (int $avoid.weight) "preference" (dict "matchExpressions" $expressions) -}}
+{{- $node := get $affinity "nodeAffinity" | default dict -}}
+{{- $terms := get $node "preferredDuringSchedulingIgnoredDuringExecution" | default list -}}
+{{- $_ := set $node "preferredDuringSchedulingIgnoredDuringExecution" (append $terms $term) -}}
+{{- $_ = set $affinity "nodeAffinity" $node -}}
+{{- end -}}
+{{- if ne .Values.antiAffinity "none" -}}
+{{- $byHost := dict "topologyKey" "kubernetes.io/hostname" "labelSelector" (include "hmw.selector" . | fromYaml) -}}
+{{- $key := "requiredDuringSchedulingIgnoredDuringExecution" -}}
+{{- $term := $byHost -}}
+{{- if eq .Values.antiAffinity "soft" -}}
+{{- $key = "preferredDuringSchedulingIgnoredDuringExecution" -}}
+{{- $term = dict "weight" 100 "podAffinityTerm" $byHost -}}
+{{- end -}}
+{{- $pod := get $affinity "podAntiAffinity" | default dict -}}
+{{- $_ := set $pod $key (append (get $pod $key | default list) $term) -}}
+{{- $_ = set $affinity "podAntiAffinity" $pod -}}
+{{- end -}}
+{{- if $affinity }}{{ toYaml $affinity }}{{ end -}}
+{{- end -}}
