@@ -59,9 +59,18 @@ def load(node: Node, lt: LoopThread, what: str, seconds: float) -> Iterator[PodC
     MEASURED.append(f"{what}: {creator.results[201]}/{total} pods created, {len(creator.failures)} failed "
                     f"({time.monotonic() - started:.0f} s)")
     node.kubectl("delete", "namespace", ns, "--wait=false")
-    assert creator.failures == [], creator.failures[:5]
+    assert creator.failures == [], (creator.failures[:5], verdicts(node))
     assert creator.results[201] == total
     assert_replicas_healthy(node)
+
+
+def verdicts(node: Node) -> list[str]:
+    """The failover verdicts the replicas logged: what took a replica out of the endpoints, and when."""
+    lines = []
+    for p in replicas(node, terminating=True):
+        logs = node.kubectl("logs", "-n", NAMESPACE, p["metadata"]["name"], check=False).stdout
+        lines += [line for line in logs.splitlines() if "marked" in line or "could not mark" in line]
+    return lines
 
 
 def replicas(node: Node, *, terminating: bool = False) -> list[dict[str, Any]]:
