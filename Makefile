@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run test test-unit test-e2e test-e2e-floor test-node test-hami hami-source compat lint bench wrk prometheus image \
+.PHONY: setup run test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image \
 	image-tools node-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
@@ -105,6 +105,23 @@ test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet 
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q -m node
 
+# The fault tier: three real nodes, a replica or its node broken under slice-pod traffic (root; tests/faults).
+# Like the node tier it runs only when its marker is named: here, and in `make test` on the newest Kubernetes;
+# the floor has a target of its own (its figures are in docs/PERFORMANCE.md).
+test-faults: setup controlplane node-tools  ## faults counted at 20 slice pods/s on three real nodes (KUBE_VERSION as above)
+	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	$(PY) -m pytest -q -m faults
+
+test-faults-floor: setup controlplane-floor node-tools  ## the same on the oldest Kubernetes the chart accepts
+	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m faults
+
+FAULTS_ARGS ?=
+
+faults: setup controlplane node-tools  ## figures, not a test: every fault with failover off, then on, in one run (FAULTS_ARGS="--version floor")
+	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	$(PY) -m devtools.faults $(FAULTS_ARGS)
+
 # The hami tier: what the webhook admits, placed per card by HAMi's own scheduler extender, built with Go (and
 # cgo: gcc) from a HAMi source tree fetched beside this one, with that tree's go.mod (tests/hami). Not part of
 # `make test`: it runs only when the marker names it (`pytest -m hami`).
@@ -121,12 +138,13 @@ hami-source:  # before anything is built: what to do when no HAMi tree is named
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)
 
-test: lint controlplane controlplane-floor prometheus node-tools  ## everything: lint, unit, e2e and node tiers, newest and floor
+test: lint controlplane controlplane-floor prometheus node-tools  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault tier on the newest
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 	$(PY) -m pytest -q -m node
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m node
+	$(PY) -m pytest -q -m faults
 
 COMPAT_ARGS ?=
 

@@ -1,4 +1,4 @@
-"""Tiers that run only when asked: their marker named in `-m` (the node tier, the hami tier)."""
+"""Tiers that run only when asked: their marker named in `-m` (the node tier, the fault tier, the hami tier)."""
 
 from __future__ import annotations
 

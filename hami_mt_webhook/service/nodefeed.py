@@ -75,7 +75,9 @@ class Feed:
     metrics: Metrics | None = None
 
     def start_build(self) -> None:
-        raise NotImplementedError
+        """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
+        self.build = Build()
+        self.resource_version = None
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         """Apply one object of an ADDED, MODIFIED or DELETED event, or of a list page."""

@@ -30,7 +30,7 @@ import aiohttp
 import aiohttp.web
 import orjson
 
-from .nodefeed import Build, Feed
+from .nodefeed import Feed
 from .nodewatch import Login, Watch, session
 from .peerview import CONDITION, Replica, Timing, Verdict, View, disputed, judge, replica
 from .state import State
@@ -50,14 +50,6 @@ class PeerFeed(Feed):
 
     def __init__(self) -> None:
         self.replicas: dict[str, Replica] = {}
-        self.resource_version: str | None = None
-        self.build: Build | None = None
-        self.synced_at: float | None = None
-        self.metrics = None
-
-    def start_build(self) -> None:
-        self.build = Build()
-        self.resource_version = None
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         name = str((obj.get("metadata") or {}).get("name") or "")

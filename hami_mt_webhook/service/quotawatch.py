@@ -14,7 +14,7 @@ from typing import Any
 
 from ..rules.config import Config
 from ..rules.quota import QuotaIndex, unenforced_keys
-from .nodefeed import Build, Feed
+from .nodefeed import Feed
 from .nodewatch import Login, Watch
 
 logger = logging.getLogger("hami_mt_webhook")
@@ -27,14 +27,6 @@ class QuotaFeed(Feed):
 
     def __init__(self, index: QuotaIndex, config: Config) -> None:
         self.index, self.config = index, config
-        self.resource_version: str | None = None
-        self.build: Build | None = None
-        self.synced_at: float | None = None
-        self.metrics = None
-
-    def start_build(self) -> None:
-        self.build = Build()
-        self.resource_version = None
 
     def apply(self, kind: str, obj: dict[str, Any]) -> None:
         """Apply one ResourceQuota: its unenforced `limits.` keys, into the build or the index."""

@@ -24,7 +24,8 @@ def test_load_follows_the_kustomization_resources_in_order(docs: list[dict[str, 
     assert [d["kind"] for d in docs] == expected
     assert docs[0]["kind"] == "Namespace"
     assert sorted(d["kind"] for d in docs) == sorted([
-        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service", "Deployment",
+        "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service",
+        "Deployment",
         "PodDisruptionBudget", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
         "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicyBinding",
