@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from devtools import local
-from devtools.node import Node
+from devtools.nodes import Cluster
 from hami_mt_webhook.service import certs
 from tests.e2e.support import VGPU, WHOLE, pod
 from tests.e2e.traffic import LoopThread, PodCreator
@@ -44,7 +44,7 @@ def lt() -> Iterator[LoopThread]:
 
 
 @contextmanager
-def load(node: Node, lt: LoopThread, what: str, seconds: float) -> Iterator[PodCreator]:
+def load(node: Cluster, lt: LoopThread, what: str, seconds: float) -> Iterator[PodCreator]:
     """Slice pods created at RATE for `seconds` in a namespace of their own; on leaving, every creation
     must have succeeded, and no replica may have restarted or logged a traceback."""
     ns = "load-" + re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")[:40]
@@ -64,14 +64,14 @@ def load(node: Node, lt: LoopThread, what: str, seconds: float) -> Iterator[PodC
     assert_replicas_healthy(node)
 
 
-def replicas(node: Node, *, terminating: bool = False) -> list[dict[str, Any]]:
+def replicas(node: Cluster, *, terminating: bool = False) -> list[dict[str, Any]]:
     """The webhook's pods; those being deleted (still serving through their preStop) only if asked."""
     out = node.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
                        "-o", "json").stdout
     return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
-def ready(node: Node) -> list[str]:
+def ready(node: Cluster) -> list[str]:
     return sorted(p["metadata"]["name"] for p in replicas(node)
                   if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
 
@@ -84,7 +84,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 180.0) -> fl
     return time.monotonic() - started
 
 
-def rolled_out(node: Node) -> None:
+def rolled_out(node: Cluster) -> None:
     """The rollout done and the old replicas gone: until their preStop ends they still answer on the
     API server's kept-alive connections, with the old settings."""
     node.kubectl("rollout", "status", DEPLOYMENT, "-n", NAMESPACE, "--timeout=180s", timeout=200)
@@ -92,7 +92,7 @@ def rolled_out(node: Node) -> None:
              lambda: len(ready(node)) == 3 and len(replicas(node, terminating=True)) == 3)
 
 
-def assert_replicas_healthy(node: Node) -> None:
+def assert_replicas_healthy(node: Cluster) -> None:
     """No replica restarted by kubelet, and none logged a traceback."""
     for p in replicas(node):
         name = p["metadata"]["name"]
@@ -102,18 +102,18 @@ def assert_replicas_healthy(node: Node) -> None:
         assert "Traceback" not in logs, f"{name}:\n{logs[-3000:]}"
 
 
-def replica_metric(node: Node, pod_name: str, metric: str) -> float | None:
+def replica_metric(node: Cluster, pod_name: str, metric: str) -> float | None:
     text = node.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod_name}:9090/proxy/metrics",
                         check=False).stdout
     found = re.search(rf"^{re.escape(metric)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
     return float(found.group(1)) if found else None
 
 
-def helm(node: Node, *args: str) -> None:
+def helm(node: Cluster, *args: str) -> None:
     local.helm(node.controlplane, *args)
 
 
-def test_rollout_restart_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_rollout_restart_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     before = set(ready(chart))
     with load(chart, lt, "kubectl rollout restart", 40):
         time.sleep(3)
@@ -122,7 +122,7 @@ def test_rollout_restart_loses_no_pod(chart: Node, lt: LoopThread) -> None:
     assert not before & set(ready(chart)), "every replica was replaced"
 
 
-def test_a_deleted_replica_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_a_deleted_replica_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     victim = ready(chart)[0]
     with load(chart, lt, "kubectl delete pod", 30):
         time.sleep(3)
@@ -133,7 +133,7 @@ def test_a_deleted_replica_loses_no_pod(chart: Node, lt: LoopThread) -> None:
     assert victim not in ready(chart)
 
 
-def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     """One node holds all three replicas: the drain evicts two (the replacements cannot be placed on the
     cordoned node) and the PodDisruptionBudget refuses the third, so one replica always answers."""
     node_name = chart.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
@@ -151,7 +151,7 @@ def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Node, lt
     MEASURED.append(f"drain: {fewest} replica(s) Ready at its end, the budget refused the last eviction")
 
 
-def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Node, lt: LoopThread) -> None:
+def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Cluster, lt: LoopThread) -> None:
     mixed = pod("mixed", {VGPU: 1, WHOLE: 1})
     with load(chart, lt, "helm upgrade --set enforcement=warn and back", 60):
         time.sleep(3)
@@ -171,7 +171,7 @@ def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Node, lt: 
         chart.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     """A renewal to a new CA, done in the order that keeps every call trusted: the webhook configurations
     trust the old and the new CA, the Secret is replaced (kubelet swaps the mounted files through
     `..data`), every replica serves the new certificate without a restart, then only the new CA is
@@ -200,7 +200,7 @@ def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(ch
     assert ready(chart) == names, "the replicas were restarted"
 
 
-def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(chart: Node) -> None:
+def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(chart: Cluster) -> None:
     ns = "outage"
     chart.kubectl("create", "namespace", ns)
     try:
@@ -224,7 +224,7 @@ def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(
     assert_replicas_healthy(chart)
 
 
-def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Node) -> None:
+def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Cluster) -> None:
     assert_replicas_healthy(chart)
     helm(chart, "uninstall", local.RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
     for kind, name in CONFIGS:
@@ -244,7 +244,7 @@ def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Node) -> Non
     assert created["spec"].get("schedulerName") == "default-scheduler"
 
 
-def set_ca_bundle(node: Node, bundle: bytes) -> None:
+def set_ca_bundle(node: Cluster, bundle: bytes) -> None:
     encoded = b64(bundle)
     for kind, name in CONFIGS:
         hooks = json.loads(node.kubectl("get", kind, name, "-o", "json").stdout)["webhooks"]
