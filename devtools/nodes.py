@@ -61,9 +61,14 @@ from devtools.netns import Namespace
 from devtools.node import Host, NodeError
 from devtools.procs import die_with_parent, tail
 
-#: A process that fills memory once told to (a line on stdin): the pressure `oom_kill_pod` puts on a cgroup.
-HOG = ("import sys\nsys.stdin.readline()\nheld, want = [], int(sys.argv[1])\n"
-       "while len(held) * (8 << 20) < want:\n    held.append(bytearray(b'\\1') * (8 << 20))\n")
+#: A process that fills memory once told to (a line on stdin): the pressure `oom_kill_pod` puts on a cgroup. The
+#: memory is a memfd's (shmem: charged to the writer's memory cgroup, unreclaimable without swap, freed when the
+#: process ends) and so not in the process's RSS, which the OOM killer's choice weighs.
+HOG = ("import os, sys\nsys.stdin.readline()\nfd, chunk = os.memfd_create('hog'), b'\\1' * (8 << 20)\n"
+       "for _ in range(int(sys.argv[1]) // len(chunk) + 1):\n    os.write(fd, chunk)\n")
+#: How far above the container's usage `oom_kill_pod` sets its limit: enough for its processes' oom_score_adj of
+#: 1000 (worth the limit in pages, rounded down to thousands) to outweigh our process's own RSS (an interpreter).
+OOM_HEADROOM = 64 << 20
 
 
 class Cluster:
@@ -284,13 +289,17 @@ class Cluster:
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         return dict(json.loads(self.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout))
 
+    def container_status(self, namespace: str, name: str, container: str | None = None) -> dict[str, Any]:
+        """kubelet's status of the pod's container (the first unless named); {} before it reports one."""
+        statuses = self.pod(namespace, name)["status"].get("containerStatuses") or []
+        return dict(next((s for s in statuses if container in (None, s["name"])), {}))
+
     def container_cgroup(self, namespace: str, name: str, container: str | None = None) -> tuple[Host, Path]:
         """The node of a running pod and its container's memory cgroup (the first container unless named),
         found from the pod's UID and the container's ID."""
         pod = self.pod(namespace, name)
-        statuses = pod["status"].get("containerStatuses") or []
-        status = next((s for s in statuses if container in (None, s["name"]) and s.get("containerID")), None)
-        if status is None or "running" not in status.get("state", {}):
+        status = next((s for s in pod["status"].get("containerStatuses") or [] if container in (None, s["name"])), {})
+        if "running" not in status.get("state", {}):
             raise NodeError(f"pod {namespace}/{name} has no running container {container or ''}".rstrip())
         host = self.host(pod["spec"]["nodeName"])
         return host, host.container_cgroup(pod["metadata"]["uid"], status["containerID"].split("://")[-1])
@@ -328,6 +337,7 @@ class Cluster:
         unreachable, an answer. So kube-apiserver's calls and the other nodes' pods see timeouts; kubelet's
         probes too. Pods on the same node still resolve the pod's address themselves and get EHOSTUNREACH
         once their ARP fails: a cut seen from the same node is not silent."""
+        pod = self.pod(namespace, name)
         pid = min(self.container_processes(namespace, name))
         link = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-o", "link", "show", "eth0"],
                               capture_output=True, text=True, check=True, timeout=30).stdout
@@ -335,11 +345,11 @@ class Cluster:
         if found is None:
             raise NodeError(f"pod {namespace}/{name}: no veth in {link!r}")
         peer, pod_mac = found.groups()
-        host = self.host(self.pod(namespace, name)["spec"]["nodeName"])
+        host = self.host(pod["spec"]["nodeName"])
         veth = re.search(rf"^{peer}: ([^:@]+)", host.inside("ip", "-o", "link").stdout, re.M)
         if veth is None:
             raise NodeError(f"pod {namespace}/{name}: no link {peer} on {host.name}")
-        ip = self.pod(namespace, name)["status"]["podIP"]
+        ip = pod["status"]["podIP"]
         host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {pod_mac} dev {node.BRIDGE} nud permanent\n"
                                  f"ip link set {veth[1]} down")
         self._cuts[(namespace, name)] = (host, veth[1], ip)
@@ -358,18 +368,20 @@ class Cluster:
         terminated state kubelet reports (reason OOMKilled).
 
         cgroup v1 refuses a memory limit below what a cgroup cannot give back (the write fails with EBUSY;
-        v2 would OOM-kill at once), so: the container's limit (`memory.limit_in_bytes`) is lowered to its
-        usage plus 16 MiB, its processes' `oom_score_adj` raised to 1000 (raising needs no privilege; it
-        makes them the OOM killer's first choice), and a process of ours joins its memory cgroup and fills
-        memory until the cgroup is out of it. The kernel's memcg OOM killer then kills the container's
-        main process (its pid namespace, and so the container, ends), then our process if it still
-        allocates; containerd's shim sees the cgroup's OOM event, so kubelet reports OOMKilled and
-        restarts the container in a new cgroup, with the pod's limit."""
+        v2 would OOM-kill at once), so: the container's `memory.limit_in_bytes` is lowered to its usage plus
+        OOM_HEADROOM (never raised), its processes' `oom_score_adj` raised to 1000 (raising needs no
+        privilege; the kernel adds the limit's size in pages to their badness, so they are its first
+        choice), and a process of ours joins its memory cgroup and writes into a memfd until the cgroup is
+        out of memory. The kernel's memcg OOM killer kills the container's main process (its pid namespace,
+        and so the container, ends), then ours, the only one left still charging; containerd's shim hears
+        the cgroup's OOM event, so kubelet reports OOMKilled and restarts the container in a new cgroup,
+        with the pod's limit."""
         _host, cgroup = self.container_cgroup(namespace, name, container)
         before = self._terminations(namespace, name, container)
         for pid in node.cgroup_pids([cgroup]):
             Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
-        limit = int((cgroup / "memory.usage_in_bytes").read_text()) + (16 << 20)
+        usage, limit = (int((cgroup / f).read_text()) for f in ("memory.usage_in_bytes", "memory.limit_in_bytes"))
+        limit = min(limit, usage + OOM_HEADROOM)
         (cgroup / "memory.limit_in_bytes").write_text(str(limit))
         hog = subprocess.Popen([sys.executable, "-c", HOG, str(2 * limit)], stdin=subprocess.PIPE,
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -393,8 +405,7 @@ class Cluster:
 
     def _terminations(self, namespace: str, name: str, container: str | None) -> dict[str, Any]:
         """The container's last termination kubelet reported (its current state if it is terminated)."""
-        statuses = self.pod(namespace, name)["status"].get("containerStatuses") or []
-        status = next((s for s in statuses if container in (None, s["name"])), {})
+        status = self.container_status(namespace, name, container)
         return dict(status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
                     or {})
 

@@ -24,7 +24,7 @@ from devtools import local
 from devtools.nodes import Cluster
 from hami_mt_webhook.service import certs
 from tests.e2e.support import VGPU, WHOLE, pod
-from tests.e2e.traffic import LoopThread, PodCreator
+from tests.e2e.traffic import LoopThread, PodCreator, creating
 
 from .conftest import MEASURED, NAMESPACE
 
@@ -48,17 +48,12 @@ def load(node: Cluster, lt: LoopThread, what: str, seconds: float) -> Iterator[P
     """Slice pods created at RATE for `seconds` in a namespace of their own; on leaving, every creation
     must have succeeded, and no replica may have restarted or logged a traceback."""
     ns = "load-" + re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")[:40]
-    node.kubectl("create", "namespace", ns)
-    creator = PodCreator(lt, node.controlplane.server, node.controlplane.workdir, ns,
-                         lambda i: pod(f"p{i}", {VGPU: 1}))
     started = time.monotonic()
-    creator.start(RATE, seconds)
-    yield creator
-    creator.wait(seconds + 120)
+    with creating(node.controlplane, lt, ns, RATE, seconds) as creator:
+        yield creator
     total = int(RATE * seconds)
     MEASURED.append(f"{what}: {creator.results[201]}/{total} pods created, {len(creator.failures)} failed "
                     f"({time.monotonic() - started:.0f} s)")
-    node.kubectl("delete", "namespace", ns, "--wait=false")
     assert creator.failures == [], creator.failures[:5]
     assert creator.results[201] == total
     assert_replicas_healthy(node)
