@@ -216,12 +216,17 @@ def kill_pids(pids: set[int], grace: float = 5.0) -> None:
             return
 
 
-def _zombie(pid: int) -> bool:
+def process_state(pid: int) -> str:
+    """The process's state letter from /proc/PID/stat (R, S, D, T, Z, ...); Z for one that is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
+        return "Z"
+    return stat[stat.rindex(")") + 2]
+
+
+def _zombie(pid: int) -> bool:
+    return process_state(pid) == "Z"
 
 
 def descendants(pid: int) -> set[int]:

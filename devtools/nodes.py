@@ -50,7 +50,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,7 +99,7 @@ class Cluster:
         self.pause = ""
         self._cgroups_made: list[Path] = []
         self._fabric_inode = 0
-        self._cuts: dict[tuple[str, str], tuple[Host, str, str]] = {}
+        self._cuts: dict[tuple[str, str], tuple[Host, str, str, Path]] = {}
         self._stopped = False
         #: Seconds from `start()` to every node Ready, and from the kubelets' start to it.
         self.startup_seconds: float | None = None
@@ -309,16 +309,20 @@ class Cluster:
         return node.cgroup_pids([self.container_cgroup(namespace, name, container)[1]])
 
     def freeze_pod(self, namespace: str, name: str, container: str | None = None) -> set[int]:
-        """SIGSTOP to every process of the container: it stays, holds its sockets and answers nothing (the
-        kernel still completes TCP handshakes into its listen backlog); its probes time out. Returns the
-        PIDs, for `thaw_pod`."""
+        """SIGSTOP to every process of the container, returning once all are stopped (a signal is delivered
+        when the process is next scheduled): it stays, holds its sockets and answers nothing (the kernel still
+        completes TCP handshakes into its listen backlog); its probes time out. Returns the PIDs."""
         pids = self.container_processes(namespace, name, container)
         node.signal_all(pids, signal.SIGSTOP)
+        _until_state(pids, lambda state: state in "TZ")
         return pids
 
     def thaw_pod(self, namespace: str, name: str, container: str | None = None) -> None:
-        """SIGCONT to every process of the container: it goes on where it stopped."""
-        node.signal_all(self.container_processes(namespace, name, container), signal.SIGCONT)
+        """SIGCONT to every process of the container, returning once none is stopped: it goes on where it
+        stopped."""
+        pids = self.container_processes(namespace, name, container)
+        node.signal_all(pids, signal.SIGCONT)
+        _until_state(pids, lambda state: state != "T")
 
     def kill_pod(self, namespace: str, name: str, container: str | None = None) -> None:
         """SIGKILL to every process of the container, as a crash: the kernel closes its sockets (peers get RST
@@ -332,35 +336,40 @@ class Cluster:
         The host's end of the pod's veth is set down: the bridge stops forwarding to and from that port
         (frames for the pod's MAC are flooded to the other ports, which drop them), and the pod's own end
         loses its carrier, so what the pod sends is dropped by its queue discipline (noop while the carrier
-        is off). Before that the node's neighbour entry for the pod is made permanent: else its ARP would
-        fail within seconds and the node would answer the fabric's packets for the pod with ICMP host
-        unreachable, an answer. So kube-apiserver's calls and the other nodes' pods see timeouts; kubelet's
-        probes too. Pods on the same node still resolve the pod's address themselves and get EHOSTUNREACH
-        once their ARP fails: a cut seen from the same node is not silent."""
+        is off). Before that, the node's neighbour entry for the pod and the pod's for its node (its gateway)
+        are made permanent: else their ARP would fail within seconds, and the node would answer the fabric's
+        packets for the pod with ICMP host unreachable, the pod's own connects would fail with EHOSTUNREACH.
+        So kube-apiserver, the other nodes' pods and the pod itself see timeouts; kubelet's probes too. Pods
+        on the same node still resolve the pod's address themselves and get EHOSTUNREACH once their ARP
+        fails: a cut seen from the same node is not silent."""
         pod = self.pod(namespace, name)
-        pid = min(self.container_processes(namespace, name))
-        link = subprocess.run(["nsenter", f"--net=/proc/{pid}/ns/net", "ip", "-o", "link", "show", "eth0"],
-                              capture_output=True, text=True, check=True, timeout=30).stdout
+        host, cgroup = self.container_cgroup(namespace, name)
+        inside = ["nsenter", f"--net=/proc/{min(node.cgroup_pids([cgroup]))}/ns/net", "ip"]
+        link = subprocess.run([*inside, "-o", "link", "show", "eth0"], capture_output=True, text=True, check=True,
+                              timeout=30).stdout
         found = re.search(r"eth0@if(\d+):.*link/ether (\S+)", link)
-        if found is None:
-            raise NodeError(f"pod {namespace}/{name}: no veth in {link!r}")
-        peer, pod_mac = found.groups()
-        host = self.host(pod["spec"]["nodeName"])
-        veth = re.search(rf"^{peer}: ([^:@]+)", host.inside("ip", "-o", "link").stdout, re.M)
-        if veth is None:
-            raise NodeError(f"pod {namespace}/{name}: no link {peer} on {host.name}")
+        bridge = re.search(r"link/ether (\S+)", host.inside("ip", "-o", "link", "show", node.BRIDGE).stdout)
+        veth = re.search(rf"^{found[1] if found else '-'}: ([^:@]+)", host.inside("ip", "-o", "link").stdout, re.M)
+        if found is None or bridge is None or veth is None:
+            raise NodeError(f"pod {namespace}/{name}: no veth to cut ({link!r})")
         ip = pod["status"]["podIP"]
-        host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {pod_mac} dev {node.BRIDGE} nud permanent\n"
+        subprocess.run([*inside, "neigh", "replace", host.ip, "lladdr", bridge[1], "dev", "eth0", "nud", "permanent"],
+                       check=True, timeout=30)
+        host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {found[2]} dev {node.BRIDGE} nud permanent\n"
                                  f"ip link set {veth[1]} down")
-        self._cuts[(namespace, name)] = (host, veth[1], ip)
+        self._cuts[(namespace, name)] = (host, veth[1], ip, cgroup.parent)
         if seconds is not None:
             time.sleep(seconds)
             self.restore_pod(namespace, name)
 
     def restore_pod(self, namespace: str, name: str) -> None:
-        """The cut pod's veth up again and the node's neighbour entry for it learnt again."""
-        host, veth, ip = self._cuts.pop((namespace, name))
+        """The cut pod's veth up again, and the neighbour entries on both sides learnt again (from any process
+        of the pod, its sandbox's if its container was restarted meanwhile)."""
+        host, veth, ip, pod_cgroup = self._cuts.pop((namespace, name))
         host.inside("sh", "-ec", f"ip link set {veth} up\nip neigh del {ip} dev {node.BRIDGE} || true")
+        if pids := node.cgroup_pids([pod_cgroup]):
+            subprocess.run(["nsenter", f"--net=/proc/{min(pids)}/ns/net", "ip", "neigh", "del", host.ip, "dev", "eth0"],
+                           capture_output=True, timeout=30)
 
     def oom_kill_pod(self, namespace: str, name: str, container: str | None = None,
                      timeout: float = 60.0) -> dict[str, Any]:
@@ -436,6 +445,15 @@ class Cluster:
     def leftovers(self) -> dict[str, list[str]]:
         """What of the cluster is still on the machine (nothing, after `stop()`)."""
         return node.leftovers(self.workdir, self.cgroup_root, self._fabric_inode, *(h.netns_inode for h in self.hosts))
+
+
+def _until_state(pids: set[int], ok: Callable[[str], bool], timeout: float = 10.0) -> None:
+    """Until every process's state (/proc/PID/stat: R, S, T, Z, ...) is `ok`, or it is gone."""
+    deadline = time.monotonic() + timeout
+    while not all(ok(node.process_state(p)) for p in pids):
+        if time.monotonic() > deadline:
+            raise NodeError(f"processes {sorted(pids)} not in the state asked for after {timeout:.0f} s")
+        time.sleep(0.01)
 
 
 def _ready(obj: Mapping[str, Any]) -> tuple[str, int]:

@@ -13,14 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devtools import local
 from devtools.binaries import ControlPlaneError
-from devtools.node import ZONE_LABEL
+from devtools.node import ZONE_LABEL, process_state
 from devtools.nodes import Cluster
 from tests.e2e.support import until
 from tests.e2e.traffic import LoopThread, creating
@@ -138,9 +137,9 @@ def test_a_pod_on_node_1_reaches_a_pod_on_node_3_by_ip(cluster: Cluster) -> None
 def test_freeze_and_thaw_a_container(cluster: Cluster) -> None:
     name = pause_pod(cluster, "frozen", "hmw-node-1")
     pids = cluster.freeze_pod("default", name)
-    assert pids and all(_state(p) == "T" for p in pids)
+    assert pids and all(process_state(p) == "T" for p in pids)
     cluster.thaw_pod("default", name)
-    assert all(_state(p) in "RS" for p in pids)
+    assert all(process_state(p) in "RS" for p in pids)
 
 
 def test_a_killed_container_is_restarted_by_kubelet(cluster: Cluster) -> None:
@@ -204,7 +203,7 @@ def test_a_killed_node_goes_silent_without_a_goodbye_and_comes_back(cluster: Clu
         killed = time.monotonic() - started
         killed_at = time.time()
         assert host.processes() == set()
-        assert not [p for p in processes if Path(f"/proc/{p}").exists() and _state(p) != "Z"]
+        assert all(process_state(p) == "Z" for p in processes)  # gone, or dead and not yet reaped
         assert cluster.ready_status(name) == "True"  # no goodbye: the API server still has it Ready
         for port in (9090, 1):
             assert connect(fabric(cluster), ip, port) == "timeout"  # no RST, no ICMP
@@ -228,10 +227,3 @@ def test_stop_after_a_kill_and_a_revive_leaves_nothing(cluster: Cluster) -> None
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
     assert "hmw" not in links
 
-
-def _state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat[stat.rindex(")") + 2]
