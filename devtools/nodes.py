@@ -98,7 +98,7 @@ class Cluster:
         #: The pause image, containerd's sandbox image (and a small image for a test pod).
         self.pause = ""
         self._cgroups_made: list[Path] = []
-        self._fabric_inode = 0
+        self.fabric_inode = 0
         self._cuts: dict[tuple[str, str], tuple[Host, str, str, Path]] = {}
         self._stopped = False
         #: Seconds from `start()` to every node Ready, and from the kubelets' start to it.
@@ -167,7 +167,7 @@ class Cluster:
                 f"ip addr add {pki.SERVICE_IP}/32 dev lo", f"ip addr add {node.FABRIC_IP}/32 dev lo",
                 "echo 1 > /proc/sys/net/ipv4/ip_forward"],
                 on_exit=node.reaper(self.workdir, self.cgroup_root, after=holders)).start()
-            self._fabric_inode = self.fabric.inode()
+            self.fabric_inode = self.fabric.inode()
             for i in range(1, self.size + 1):
                 labels = self.extra_labels[i - 1] if i <= len(self.extra_labels) else {}
                 host = Host(i, self.workdir / f"node{i}", f"{self.cgroup_root}/{node.node_name(i)}", labels)
@@ -444,7 +444,7 @@ class Cluster:
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of the cluster is still on the machine (nothing, after `stop()`)."""
-        return node.leftovers(self.workdir, self.cgroup_root, self._fabric_inode, *(h.netns_inode for h in self.hosts))
+        return node.leftovers(self.workdir, self.cgroup_root, self.fabric_inode, *(h.netns_inode for h in self.hosts))
 
 
 def _until_state(pids: set[int], ok: Callable[[str], bool], timeout: float = 10.0) -> None:

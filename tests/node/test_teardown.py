@@ -78,7 +78,7 @@ def _cmdline(pid: str) -> str:
 KILLED_RUN = """
 import json, sys, time
 from devtools.nodes import Cluster
-node = Cluster(1, images=())
+node = Cluster(2, images=())
 node.start()
 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
        "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
@@ -86,15 +86,16 @@ node.kubectl("create", "-f", "-", input=json.dumps(pod))
 while node.kubectl("get", "pod", "holder", "-o", "jsonpath={.status.phase}").stdout != "Running":
     time.sleep(0.25)
 dirs = [str(d) for h in node.hosts for d in h.cgroup_dirs()]
-print(json.dumps({"workdir": str(node.workdir), "inode": node.hosts[0].netns_inode, "cgroups": dirs}), flush=True)
+inodes = [node.fabric_inode, *(h.netns_inode for h in node.hosts)]
+print(json.dumps({"workdir": str(node.workdir), "inodes": inodes, "cgroups": dirs}), flush=True)
 time.sleep(600)
 """
 
 
 def test_a_killed_run_leaves_nothing_either() -> None:
-    """SIGKILL the process that started a node with a pod running: kubelet, containerd and the control
-    plane die with it, and the namespace's holder stops the containers and shims, removes the cgroups and
-    the work dir."""
+    """SIGKILL the process that started two nodes with a pod running: kubelets, containerds and the control
+    plane die with it, and the namespaces' holders stop the containers and shims, remove the cgroups and the
+    work dir (the fabric's holder last, once the nodes' have stopped)."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -105,13 +106,13 @@ def test_a_killed_run_leaves_nothing_either() -> None:
     finally:
         proc.kill()
         proc.wait()
-    workdir, inode = Path(started["workdir"]), started["inode"]
+    workdir, inodes = Path(started["workdir"]), started["inodes"]
     assert [Path(d).is_dir() for d in started["cgroups"]] and workdir.is_dir()
     deadline = time.monotonic() + 30
-    while workdir.exists() or any(Path(d).exists() for d in started["cgroups"]) or _netns_pids(inode):
-        assert time.monotonic() < deadline, (workdir.exists(), started["cgroups"], _netns_pids(inode))
+    while workdir.exists() or any(Path(d).exists() for d in started["cgroups"]) or _netns_pids(*inodes):
+        assert time.monotonic() < deadline, (workdir.exists(), started["cgroups"], _netns_pids(*inodes))
         time.sleep(0.2)
 
 
-def _netns_pids(inode: int) -> list[str]:
-    return [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and _in_netns(e.name, inode)]
+def _netns_pids(*inodes: int) -> list[str]:
+    return [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and any(_in_netns(e.name, i) for i in inodes)]
