@@ -377,10 +377,10 @@ def _node_down(cluster: Cluster) -> str:
 
 def _node_banner(cluster: Cluster, installed: float) -> str:
     cp = cluster.controlplane
-    where = (f"node {cluster.names[0]}" if cluster.size == 1 else
-             f"nodes {', '.join(cluster.names)} (one zone each)")
+    where = (f"node {cluster.names[0]} (kubelet and containerd)" if cluster.size == 1 else
+             f"nodes {cluster.names[0]} to {cluster.names[-1]}\n(each its own kubelet, containerd and zone)")
     return f"""
-hami-mt-webhook runs as the chart's {REPLICAS} replicas on {where} (kubelet and containerd), as a
+hami-mt-webhook runs as the chart's {REPLICAS} replicas on {where}, as a
 cluster runs it: release {RELEASE} in namespace {NAMESPACE}, image {NODE_IMAGE_REPOSITORY}, Ready
 {installed:.1f} s after helm install (nodes ready in {cluster.startup_seconds:.1f} s; logs in {cluster.workdir}).
 
