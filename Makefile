@@ -32,14 +32,16 @@ PROMETHEUS ?= 0
 RUN_PROMETHEUS := $(if $(filter 1,$(PROMETHEUS)),prometheus)
 
 # NODE=1: the chart on a real node instead (root; node-tools and the image, built with IMAGE_BASES=standin
-# unless IMAGE_BASES is given): its 3 replicas on kubelet are the webhook, as a cluster runs it.
+# unless IMAGE_BASES is given): its 3 replicas on kubelet are the webhook, as a cluster runs it. NODES=3: the
+# same on 3 real nodes, one replica each (each node a namespace, containerd and kubelet of its own, in its zone).
 NODE ?= 0
-RUN_NODE := $(filter 1,$(NODE))
+NODES ?= $(if $(filter 1,$(NODE)),1,0)
+RUN_NODE := $(if $(filter-out 0,$(NODES)),1)
 
-run: setup controlplane $(RUN_PROMETHEUS) $(if $(RUN_NODE),node-tools)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart; NODE=1: the chart on a real node)
+run: setup controlplane $(RUN_PROMETHEUS) $(if $(RUN_NODE),node-tools)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart; NODE=1: the chart on a real node; NODES=3: on 3)
 ifeq ($(RUN_NODE),1)
 	$(MAKE) --no-print-directory image IMAGE_BASES=$(RUN_IMAGE_BASES)
-	$(PY) -m devtools.local --node
+	$(PY) -m devtools.local --nodes $(NODES)
 else
 	$(PY) -m devtools.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
 endif

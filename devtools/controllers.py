@@ -21,7 +21,7 @@ make the local control plane do the same, so the tests see what the webhook's re
 - kube-controller-manager runs only the controllers on that path (`CONTROLLERS`): the others watch
   every pod or write to every node or namespace (endpoints, disruption, TTL, pod GC, root CA ...),
   CPU that two cores shared with the API server, the webhook and the tests cannot spare.
-- With a real kubelet (`devtools.node`) there is a Ready condition to keep and pods run: then every
+- With a real kubelet (`devtools.nodes`) there is a Ready condition to keep and pods run: then every
   controller runs (`EVERY`: endpoints for the webhook's Service, the node lifecycle, the root CA that
   service-account volumes mount) and kube-scheduler answers to `default-scheduler` too.
 """

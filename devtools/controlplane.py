@@ -11,10 +11,10 @@ binaries come from `devtools.binaries`, the certificates from `devtools.pki`.
 `python -m devtools.controlplane up|down` (the end of this module) runs one from a shell and stops it
 from another.
 
-The node tier (`devtools.node`) runs the same processes inside a network namespace of its own, with a
-kubelet beside them: `command_prefix` enters it, `reach` gives the loopback port here that leads to a
-port there, and `node_ip` turns on what a real node needs (Node authorization, the kubelet's client
-certificate, every controller, a default scheduler).
+The node tier (`devtools.nodes`) runs the same processes inside a network namespace of its own (its
+fabric), with kubelets in namespaces routed to it: `command_prefix` enters it, `reach` gives the loopback
+port here that leads to a port there, and `node_ip` turns on what real nodes need (Node authorization,
+the kubelet's client certificate, every controller, a default scheduler).
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ class ControlPlane:
     several control planes can share a parent; it is removed on stop unless `keep`.
     `apiserver_args` are appended to the kube-apiserver flags (feature gates, audit, ...).
 
-    For a real node (`devtools.node`): `command_prefix` is put before every command started (entering a
+    For real nodes (`devtools.nodes`): `command_prefix` is put before every command started (entering a
     namespace), `reach(port)` is the loopback port here that leads to `port` where they listen,
-    `apiserver_port` fixes the API server's port, and `node_ip` is where kubelets and pods are: the API
+    `apiserver_port` fixes the API server's port, and `node_ip` is its address for kubelets and pods: the API
     server listens on every address of its namespace, advertises `node_ip`, authorizes kubelets (Node,
     NodeRestriction) and reaches them with a client certificate; every controller runs, and kube-scheduler
     answers to `default-scheduler` too.

@@ -26,7 +26,7 @@ import yaml
 from devtools import cluster, manifests, monitoring, procs
 from devtools.binaries import ControlPlaneError
 from devtools.controlplane import ControlPlane
-from devtools.node import NODE_NAME, Node
+from devtools.nodes import Cluster
 from hami_mt_webhook.service import certs
 
 NAMESPACE = "hami-mt-webhook"
@@ -88,24 +88,24 @@ def tainted_example_nodes() -> list[dict[str, Any]]:
     return nodes
 
 
-def ready_replicas(node: Node) -> int:
+def ready_replicas(node: Cluster) -> int:
     out = node.kubectl("get", "deployment", RELEASE, "-n", NAMESPACE, "-o",
                        "jsonpath={.status.readyReplicas}", check=False).stdout.strip()
     return int(out or 0)
 
 
-def install_chart_on_node(node: Node, timeout: float = 180.0) -> float:
-    """The chart installed on a real node as the README's Install section says, with its defaults and the
-    built image: the namespace made and labelled, the tainted example nodes, `helm install`, and the wait
-    for its replicas Ready through their probes. One home for the node tier and `make run NODE=1`; returns
-    the seconds from `helm install` to Ready."""
+def install_chart_on_node(node: Cluster, timeout: float = 180.0, values: Sequence[str] = ()) -> float:
+    """The chart installed on real nodes as the README's Install section says, with its defaults (and
+    `values`, `key=value` for `--set`) and the built image: the namespace made and labelled, the tainted
+    example nodes, `helm install`, and the wait for its replicas Ready through their probes. One home for
+    the node tier and `make run NODE=1`/`NODES=3`; returns the seconds from `helm install` to Ready."""
     node.kubectl("create", "namespace", NAMESPACE)
     node.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
                  "pod-security.kubernetes.io/enforce=restricted")
     apply_nodes(node.controlplane, tainted_example_nodes())
     started = time.monotonic()
     helm(node.controlplane, "install", RELEASE, str(CHART), "-n", NAMESPACE,
-         "--set", f"image.repository={NODE_IMAGE_REPOSITORY}")
+         "--set", f"image.repository={NODE_IMAGE_REPOSITORY}", *(a for v in values for a in ("--set", v)))
     while ready_replicas(node) != REPLICAS:
         if time.monotonic() > started + timeout:
             pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
@@ -331,60 +331,66 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
             f"exited, and {cp.workdir} is removed")
 
 
-def try_on_node(workdir: Path | None = None, say: Console | None = None) -> int:
-    """`make run NODE=1`: the chart on a real node (`devtools.node.Node`), until Ctrl-C, SIGTERM or SIGHUP.
+def try_on_node(workdir: Path | None = None, say: Console | None = None, nodes: int = 1) -> int:
+    """`make run NODE=1` (`NODES=3`): the chart on real nodes (`devtools.nodes.Cluster`), until Ctrl-C, SIGTERM
+    or SIGHUP.
 
-    The webhook runs as the chart's replicas on the node's kubelet, as a cluster runs it, so there is no
+    The webhook runs as the chart's replicas on the nodes' kubelets, as a cluster runs it, so there is no
     local process to restart: a replica that dies is the Deployment's to replace. Whatever ends the run,
-    `Node.stop()` leaves nothing. Returns 1 if the node or its control plane fails.
+    `Cluster.stop()` leaves nothing. Returns 1 if a node or the control plane fails.
     """
     base, stopping = _run_dir(workdir)
     say = say or Console()
-    node = Node(workdir=base)
+    cluster = Cluster(nodes, workdir=base)
+    what = "a node" if nodes == 1 else f"{nodes} nodes"
     try:
-        say("starting a node: etcd, kube-apiserver, the controllers, containerd and kubelet in a network "
-            "namespace of their own, the image imported (the first run builds them) ...")
-        node.start()
-        installed = install_chart_on_node(node)
-        say(_node_banner(node, installed))
-        while not (down := _node_down(node)):
+        say(f"starting {what}: etcd, kube-apiserver and the controllers in a network namespace of their own, "
+            f"containerd and kubelet in one per node, the image imported (the first run builds them) ...")
+        cluster.start()
+        installed = install_chart_on_node(cluster)
+        say(_node_banner(cluster, installed))
+        while not (down := _node_down(cluster)):
             time.sleep(0.5)
-        say(f"\n{down}; the logs are in {node.workdir}, which is removed now")
+        say(f"\n{down}; the logs are in {cluster.workdir}, which is removed now")
         return 1
     except Stop:
         return 0
     except (ControlPlaneError, RuntimeError) as err:
-        say(f"\nthe node did not start: {err}")
+        say(f"\nthe nodes did not start: {err}")
         return 1
     finally:
         stopping.append(0)  # from here on a signal changes nothing: the cleanup below must finish
         say("\nstopping ...")
-        node.stop()
-        say(f"stopped: the pods, kubelet, containerd and the control plane have exited, and {node.workdir} "
+        cluster.stop()
+        say(f"stopped: the pods, kubelet, containerd and the control plane have exited, and {cluster.workdir} "
             "is removed")
 
 
-def _node_down(node: Node) -> str:
-    """What of the node has exited, or "" while all of it runs."""
-    if exited := node.controlplane.exited():
+def _node_down(cluster: Cluster) -> str:
+    """What of the nodes has exited, or "" while all of it runs."""
+    if exited := cluster.controlplane.exited():
         return f"{', '.join(exited)} exited"
-    for name, proc in (("kubelet", node.kubelet), ("containerd", node.containerd)):
-        if proc is not None and proc.poll() is not None:
-            return f"{name} exited ({_exit_status(proc.returncode)})"
+    for host in cluster.hosts:
+        for name, proc in (("kubelet", host.kubelet), ("containerd", host.containerd)):
+            if proc is not None and proc.poll() is not None:
+                return f"{name} of {host.name} exited ({_exit_status(proc.returncode)})"
     return ""
 
 
-def _node_banner(node: Node, installed: float) -> str:
-    cp = node.controlplane
+def _node_banner(cluster: Cluster, installed: float) -> str:
+    cp = cluster.controlplane
+    where = (f"node {cluster.names[0]} (kubelet and containerd)" if cluster.size == 1 else
+             f"nodes {cluster.names[0]} to {cluster.names[-1]}\n(each its own kubelet, containerd and zone)")
     return f"""
-hami-mt-webhook runs as the chart's {REPLICAS} replicas on node {NODE_NAME} (kubelet and containerd), as a
+hami-mt-webhook runs as the chart's {REPLICAS} replicas on {where}, as a
 cluster runs it: release {RELEASE} in namespace {NAMESPACE}, image {NODE_IMAGE_REPOSITORY}, Ready
-{installed:.1f} s after helm install (node ready in {node.startup_seconds:.1f} s; logs in {node.workdir}).
+{installed:.1f} s after helm install (nodes ready in {cluster.startup_seconds:.1f} s; logs in {cluster.workdir}).
 
   export KUBECONFIG={cp.kubeconfig}
   alias kubectl={cp.bin_dir / 'kubectl'}
   alias helm={cp.bin_dir / 'helm'}
   kubectl -n {NAMESPACE} get pods -o wide; helm -n {NAMESPACE} list
+  kubectl get nodes -o wide -L topology.kubernetes.io/zone
   kubectl get nodes -o 'custom-columns={COLUMNS}'
   kubectl apply -f examples/exclusive-pod.yaml && kubectl get pod exclusive-pod -o yaml
   kubectl apply --dry-run=server -f examples/mixed-denied-pod.yaml
@@ -492,9 +498,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", action="store_true",
                         help="run the chart on a real node instead (kubelet, containerd, the built image; "
                              "root): its replicas are the webhook")
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="the same on this many real nodes, each in a namespace and zone of its own")
     args = parser.parse_args(argv)
-    if args.node:
-        return try_on_node(args.dir)
+    if args.node or args.nodes:
+        return try_on_node(args.dir, nodes=max(1, args.nodes))
     return try_it(args.dir, args.restart_delay, installer=args.install, prometheus=args.prometheus)
 
 

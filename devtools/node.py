@@ -1,65 +1,58 @@
-"""A real node beside the local control plane: containerd, kubelet and CNI running the chart's pods.
+"""One real node of the node tier: its own network and mount namespace, containerd, kubelet and cgroups.
 
 The e2e tier has no kubelet, so the chart's Deployment, probes, Service and rollouts are only rendered
-there. This tier runs them: kubelet (built with the control plane, `scripts/build-controlplane.sh`),
-Debian's containerd, runc and CNI plugins (`make node-tools`), and the image `make image` builds,
-imported into containerd.
+there. The node tier runs them (`devtools.nodes.Cluster`, one or more of these `Host`s beside a control
+plane): kubelet (built with the control plane, `scripts/build-controlplane.sh`), Debian's containerd,
+runc and CNI plugins (`make node-tools`), and the image `make image` builds, imported into containerd.
 
-Everything runs in a network and mount namespace of its own (`devtools.netns`): etcd, kube-apiserver,
-the controllers, containerd, kubelet, the pods. Its only addresses are loopback, the bridge `hmw0` with
-the node's IP (10.244.0.1/24, pods get .10 and up from CNI's host-local) and the `kubernetes` Service's
-cluster IP (10.0.0.1) on its loopback: with no kube-proxy, that is how pods reach the API server at the
-address kubelet gives them (KUBERNETES_SERVICE_HOST), as kube-proxy's IPVS mode binds cluster IPs to a
-local interface; a route in every pod sends 10.0.0.0/24 to the node, and the API server listens on port
-443 of every address of the namespace. kube-apiserver itself calls webhook Services through their
-endpoints (`--enable-aggregator-routing`). The test process stays outside and reaches the API server
-through a forwarded loopback port (`Namespace.forward`): one URL for kubectl, helm and the tests, no
-second pytest inside the namespace, and a teardown that can be checked from outside.
+A host is a network and mount namespace of its own (`devtools.netns`), so that it can be cut off or
+killed as a whole, as a machine: its bridge `hmw0` with the node's IP (10.244.N.1/24; pods get .10 and
+up from CNI's host-local), containerd with its own root, state and sockets in the host's work dir,
+kubelet with its own root dir and its own cgroup root, and one link to the fabric (`hmwf0`, the other
+end of a veth pair the cluster makes; `devtools.nodes` describes the routes). Its addresses exist only
+inside its namespace.
 
 Settings the machine needs (cgroup v1, no CAP_SYS_RESOURCE, no registry): kubelet on cgroupfs with its
 cgroup root under this process's memory cgroup (made in every v1 hierarchy), no node-allocatable
 enforcement, no swap or cgroup-v1 refusal, no iptables chains; containerd clamps OOM scores instead of
 lowering them, has no AppArmor, and its pod sandbox is a pause image built here (`controlplane/pause`).
 
-`stop()` leaves nothing: pods deleted, kubelet, the containers left in our cgroups, containerd's shims
-(processes in our network namespace), containerd and the control plane stopped by PID, the namespace's
-holder last (its mounts and bridge go with it), the cgroups removed. `leftovers()` says what is left.
-
-    python -m devtools.node up     start one, print the kubeconfig, stop everything on Ctrl-C
+What belongs to a host, and so what its faults and its stop end, by PID: the processes in its network
+namespace (kubelet, containerd, containerd's shims, which outlive containerd) but the namespace's
+holder, and the processes in its cgroups (the pods' containers, which are in network namespaces of
+their own). `leftovers()` says what of a node is still on the machine.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from devtools import image, pki
-from devtools.binaries import REPO_ROOT, ControlPlaneError, binaries
-from devtools.controlplane import ControlPlane
+from devtools.binaries import REPO_ROOT, ControlPlaneError
 from devtools.netns import Namespace
 from devtools.procs import spawn, tail, terminate
 from hami_mt_webhook.service import certs
 
-NODE_NAME = "hmw-node"
-NODE_IP = "10.244.0.1"
-POD_SUBNET = "10.244.0.0/24"
 BRIDGE = "hmw0"
-#: Where the tier's processes and the test process meet: the API server's port inside the namespace.
+#: The host's end of its link to the fabric (`devtools.nodes`).
+UPLINK = "hmwf0"
+#: All pod ranges and node IPs: node N is 10.244.N.1 with pods in 10.244.N.0/24; 10.244.0.1 is the fabric's.
+POD_NETWORK = "10.244.0.0/16"
+#: The control plane's address in the fabric: the API server's advertised address, the hosts' next hop.
+FABRIC_IP = "10.244.0.1"
+#: Where the tier's processes and the test process meet: the API server's port inside the fabric.
 APISERVER_PORT = 443
 PAUSE_SOURCE = REPO_ROOT / "controlplane" / "pause"
 CACHE = image.CACHE.parent / "node"
@@ -68,6 +61,30 @@ CONTAINERD = "/usr/bin/containerd"
 CTR = "/usr/bin/ctr"
 RUNC = "/usr/sbin/runc"
 CNI_BIN = "/usr/lib/cni"
+ZONE_LABEL = "topology.kubernetes.io/zone"
+
+
+def node_name(index: int) -> str:
+    return f"hmw-node-{index}"
+
+
+def node_ip(index: int) -> str:
+    return f"10.244.{index}.1"
+
+
+def pod_subnet(index: int) -> str:
+    return f"10.244.{index}.0/24"
+
+
+def zone(index: int) -> str:
+    """zone-a for node 1, zone-b for node 2, ...: a different zone per node, as `topology.kubernetes.io/zone`."""
+    return f"zone-{chr(ord('a') + index - 1)}"
+
+
+def mac(index: int, end: int) -> str:
+    """A fixed, locally administered MAC for an end of host `index`'s uplink (1: the fabric's, 2: the host's):
+    known beforehand, so each side's neighbour entry for the other can be permanent (see `Host.kill`)."""
+    return f"02:68:6d:{index >> 8:02x}:{index & 0xff:02x}:{end:02x}"
 
 
 class NodeError(ControlPlaneError):
@@ -199,253 +216,301 @@ def kill_pids(pids: set[int], grace: float = 5.0) -> None:
             return
 
 
-def _zombie(pid: int) -> bool:
+def process_state(pid: int) -> str:
+    """The process's state letter from /proc/PID/stat (R, S, D, T, Z, ...); Z for one that is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
+        return "Z"
+    return stat[stat.rindex(")") + 2]
 
 
-# --- the node ---------------------------------------------------------------------------------------------
+def _zombie(pid: int) -> bool:
+    return process_state(pid) == "Z"
 
 
-class Node:
-    """The control plane, containerd and kubelet in a namespace of their own; single use, like ControlPlane.
+def descendants(pid: int) -> set[int]:
+    """`pid` and every process below it (a namespace's holder and its `sleep`)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                stat = (entry / "stat").read_text()
+                children.setdefault(int(stat[stat.rindex(")") + 2:].split()[1]), []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        found.add(p)
+        todo.extend(children.get(p, []))
+    return found
 
-    `images` are podman images imported into containerd (the chart's by default; none: the pause image
-    only, which always is). `version` picks the Kubernetes binaries as `devtools.binaries` does.
+
+def signal_all(pids: set[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)}
+
+
+# --- one node ---------------------------------------------------------------------------------------------
+
+
+class Host:
+    """One node: a network and mount namespace with its bridge and uplink, containerd and kubelet on state
+    of their own under `workdir`, pods under the cgroup root `cgroup_root`. Made and wired by
+    `devtools.nodes.Cluster`, which owns the control plane; the faults that concern the node as a machine
+    (`kill`, `revive`, `restart_kubelet`, `restart_containerd`) are here.
+
+    `labels` are added to the node's (`topology.kubernetes.io/zone`, zone-a for node 1, ...); kubelet sets
+    them when it registers, so only labels NodeRestriction lets a kubelet set (not `*.kubernetes.io/`
+    ones outside its allowed prefixes).
     """
 
-    def __init__(self, *, workdir: Path | None = None, version: str | None = None,
-                 images: Sequence[str] | None = None, ready_timeout: float = 120.0) -> None:
-        self._parent_dir = workdir
-        self.version = version
-        self.images = [image.reference()] if images is None else list(images)
-        self.ready_timeout = ready_timeout
-        self.workdir = Path()
+    def __init__(self, index: int, workdir: Path, cgroup_root: str, labels: Mapping[str, str] | None = None) -> None:
+        self.index = index
+        self.name = node_name(index)
+        self.ip = node_ip(index)
+        self.subnet = pod_subnet(index)
+        self.labels = {ZONE_LABEL: zone(index), **(labels or {})}
+        self.workdir = workdir
+        self.cgroup_root = cgroup_root
         self.ns: Namespace | None = None
-        self.cp: ControlPlane | None = None
+        self.netns_inode = 0
         self.containerd: subprocess.Popen[bytes] | None = None
         self.kubelet: subprocess.Popen[bytes] | None = None
-        self.cgroup_root = ""
-        #: The pause image, containerd's sandbox image (and a small image for a test pod).
-        self.pause = ""
+        #: True from `kill()` to `revive()`.
+        self.killed = False
+        self._kubelet_cmd: list[str] = []
         self._cgroups_made: list[Path] = []
-        self._netns_inode = 0
-        self._stopped = False
-        #: Seconds from `start()` to the node Ready, and from kubelet's start to it.
-        self.startup_seconds: float | None = None
-        self.kubelet_ready_seconds: float | None = None
-
-    # paths -------------------------------------------------------------------------------------------------
 
     @property
     def socket(self) -> Path:
         return self.workdir / "containerd" / "containerd.sock"
 
     @property
-    def kubeconfig(self) -> Path:
-        return self.controlplane.kubeconfig
-
-    @property
-    def controlplane(self) -> ControlPlane:
-        if self.cp is None:
-            raise NodeError("the node has not been started")
-        return self.cp
-
-    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        return self.controlplane.kubectl(*args, **kwargs)
+    def fabric_link(self) -> str:
+        """The fabric's end of this host's uplink."""
+        return f"hmwn{self.index}"
 
     def inside(self, *cmd: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-        """A command run in the node's namespaces (ctr, ip, ...)."""
+        """A command run in the host's namespaces (ctr, ip, ...)."""
         if self.ns is None:
-            raise NodeError("the node has not been started")
+            raise NodeError(f"{self.name} has not been started")
         return self.ns.run(*cmd, check=check, timeout=timeout)
 
     def ctr(self, *args: str, timeout: float = 300.0) -> subprocess.CompletedProcess[str]:
         return self.inside(CTR, f"--address={self.socket}", "--namespace=k8s.io", *args, timeout=timeout)
 
-    # lifecycle ---------------------------------------------------------------------------------------------
+    # making ------------------------------------------------------------------------------------------------
 
-    def __enter__(self) -> Node:
-        return self.start()
+    def make_namespace(self) -> Namespace:
+        """The host's namespace with its bridge, forwarding on (it routes between its pods and the fabric)."""
+        self.workdir.mkdir(parents=True)
+        self.ns = Namespace(self.workdir, setup=[
+            f"ip link add {BRIDGE} type bridge", f"ip addr add {self.ip}/24 dev {BRIDGE}", f"ip link set {BRIDGE} up",
+            "echo 1 > /proc/sys/net/ipv4/ip_forward"], on_exit=reaper(self.workdir, self.cgroup_root)).start()
+        self.netns_inode = self.ns.inode()
+        return self.ns
 
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def start(self) -> Node:
-        if self.ns is not None:
-            raise NodeError("a Node starts once; make a new one")
-        bin_dir = binaries(self.version)
-        if not os.access(bin_dir / "kubelet", os.X_OK):
-            raise NodeError(f"{bin_dir} has no kubelet: run scripts/build-controlplane.sh")
-        for tool in (CONTAINERD, CTR, RUNC, f"{CNI_BIN}/bridge"):
-            if not os.access(tool, os.X_OK):
-                raise NodeError(f"{tool} is missing: `make node-tools` installs containerd, runc and "
-                                "containernetworking-plugins")
-        pause = self.pause = pause_image()
-        archives = [image_archive(name) for name in [pause, *self.images]]
-        started = time.monotonic()
-        if self._parent_dir is not None:
-            self._parent_dir.mkdir(parents=True, exist_ok=True)
-        self.workdir = Path(tempfile.mkdtemp(prefix="hami-mt-node-", dir=self._parent_dir))
-        try:
-            self.cgroup_root = f"{own_memory_cgroup().rstrip('/')}/{self.workdir.name}"
-            self.ns = Namespace(self.workdir, setup=[
-                f"ip addr add {pki.SERVICE_IP}/32 dev lo",
-                f"ip link add {BRIDGE} type bridge", f"ip addr add {NODE_IP}/24 dev {BRIDGE}",
-                f"ip link set {BRIDGE} up"], on_exit=reaper(self.workdir, self.cgroup_root)).start()
-            self._netns_inode = self.ns.inode()
-            self.cp = ControlPlane(bin_dir=bin_dir, workdir=self.workdir, controllers=True,
-                                   command_prefix=self.ns.prefix, reach=self.ns.forward,
-                                   apiserver_port=APISERVER_PORT, node_ip=NODE_IP,
-                                   ready_timeout=self.ready_timeout)
-            self.cp.start()
-            self._cgroups_made = make_cgroups(self.cgroup_root)
-            self._start_containerd(pause)
-            for archive in archives:
-                self.ctr("images", "import", str(archive))
-            kubelet_started = time.monotonic()
-            self._start_kubelet(bin_dir)
-            self.wait_ready()
-            self.kubelet_ready_seconds = time.monotonic() - kubelet_started
-        except BaseException:
-            self.stop()
-            raise
-        self.startup_seconds = time.monotonic() - started
-        return self
-
-    def _start_containerd(self, pause: str) -> None:
-        (self.workdir / "cni" / "net.d").mkdir(parents=True)
-        (self.workdir / "cni" / "net.d" / "10-hmw.conflist").write_text(json.dumps(cni_config(self.workdir)))
-        config = containerd_config(self.workdir, pause)
-        (self.workdir / "containerd.toml").write_text(config)
+    def fabric_commands(self) -> list[str]:
+        """Shell for the fabric's namespace: the veth pair to this host (its other end moved into the host's
+        namespace), the route to the host's pods and node IP, and a permanent neighbour entry for the host."""
         assert self.ns is not None
+        link = self.fabric_link
+        return [f"ip link add {link} address {mac(self.index, 1)} type veth peer name {UPLINK} "
+                f"address {mac(self.index, 2)} netns {self.ns.pid}",
+                f"ip link set {link} up",
+                f"ip neigh replace {self.ip} lladdr {mac(self.index, 2)} dev {link} nud permanent",
+                f"ip route replace {self.subnet} via {self.ip} dev {link} onlink src {FABRIC_IP}"]
+
+    def uplink_up(self) -> None:
+        """The host's end of its link up, with what taking it down removed: the neighbour entry for the
+        fabric and the routes to the cluster IPs and to the other nodes' pods, both through the fabric."""
+        self.inside("sh", "-ec", "\n".join([
+            f"ip link set {UPLINK} up",
+            f"ip neigh replace {FABRIC_IP} lladdr {mac(self.index, 1)} dev {UPLINK} nud permanent",
+            f"ip route replace {pki.SERVICE_CIDR} via {FABRIC_IP} dev {UPLINK} onlink src {self.ip}",
+            f"ip route replace {POD_NETWORK} via {FABRIC_IP} dev {UPLINK} onlink src {self.ip}"]))
+
+    def make_cgroups(self) -> None:
+        self._cgroups_made = make_cgroups(self.cgroup_root)
+
+    def start_containerd(self, pause: str | None = None) -> None:
+        """containerd on the host's own root, state and sockets; with `pause`, its configuration and CNI's are
+        written first (a restart keeps them)."""
+        if self.ns is None:
+            raise NodeError(f"{self.name} has no namespace")
+        if pause is not None:
+            (self.workdir / "cni" / "net.d").mkdir(parents=True)
+            (self.workdir / "cni" / "net.d" / "10-hmw.conflist").write_text(
+                json.dumps(cni_config(self.workdir, self.index)))
+            (self.workdir / "containerd.toml").write_text(containerd_config(self.workdir, pause))
+        for stale in (self.socket, self.socket.with_name("containerd-ttrpc.sock")):  # left by a killed one
+            stale.unlink(missing_ok=True)
         self.containerd = spawn([*self.ns.prefix, CONTAINERD, f"--config={self.workdir / 'containerd.toml'}"],
                                 self.workdir / "containerd.log")
         deadline = time.monotonic() + 30
         while not self.socket.exists():
             if self.containerd.poll() is not None or time.monotonic() > deadline:
-                raise NodeError(f"containerd did not start; end of its log:\n{tail(self.workdir / 'containerd.log')}")
+                raise NodeError(f"containerd of {self.name} did not start; end of its log:\n"
+                                f"{tail(self.workdir / 'containerd.log')}")
             time.sleep(0.1)
 
-    def _start_kubelet(self, bin_dir: Path) -> None:
-        cp = self.controlplane
-        assert cp._ca is not None and self.ns is not None
-        kubelet_dir = self.workdir / "kubelet-pki"
-        kubelet_dir.mkdir()
-        kubeconfig = pki.write_node_pki(kubelet_dir, cp._ca, cp.inner_server, NODE_NAME, NODE_IP)
-        (self.workdir / "resolv.conf").write_text("")  # pods get no name server: nothing to send queries to
-        config = kubelet_config(self.workdir, cp.ca_file, kubelet_dir, self.socket, self.cgroup_root, cp.minor)
-        certs.write_atomic(self.workdir / "kubelet.yaml", yaml.safe_dump(config, sort_keys=False).encode())
-        self.kubelet = spawn([*self.ns.prefix, str(bin_dir / "kubelet"), f"--config={self.workdir / 'kubelet.yaml'}",
-                              f"--kubeconfig={kubeconfig}", f"--hostname-override={NODE_NAME}",
-                              f"--node-ip={NODE_IP}", f"--root-dir={self.workdir / 'kubelet'}", "--v=1"],
-                             self.workdir / "kubelet.log")
+    def start_kubelet(self, bin_dir: Path | None = None, ca: certs.KeyPair | None = None,
+                      ca_file: Path | None = None, minor: int = 0) -> None:
+        """kubelet, logging in at the `kubernetes` Service's cluster IP (routed to the fabric); the first start
+        writes its certificates and configuration (`bin_dir`, `ca`, `ca_file`, `minor` needed), a restart
+        reuses them, and its root dir, as a rebooted machine does."""
+        if self.ns is None:
+            raise NodeError(f"{self.name} has no namespace")
+        if not self._kubelet_cmd:
+            assert bin_dir is not None and ca is not None and ca_file is not None
+            pki_dir = self.workdir / "kubelet-pki"
+            pki_dir.mkdir()
+            server = f"https://{pki.SERVICE_IP}:{APISERVER_PORT}"
+            kubeconfig = pki.write_node_pki(pki_dir, ca, server, self.name, self.ip)
+            (self.workdir / "resolv.conf").write_text("")  # pods get no name server: nothing to send queries to
+            config = kubelet_config(self.workdir, ca_file, pki_dir, self.socket, self.cgroup_root, minor, self.ip)
+            certs.write_atomic(self.workdir / "kubelet.yaml", yaml.safe_dump(config, sort_keys=False).encode())
+            labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+            self._kubelet_cmd = [str(bin_dir / "kubelet"), f"--config={self.workdir / 'kubelet.yaml'}",
+                                 f"--kubeconfig={kubeconfig}", f"--hostname-override={self.name}",
+                                 f"--node-ip={self.ip}", f"--node-labels={labels}",
+                                 f"--root-dir={self.workdir / 'kubelet'}", "--v=1"]
+        self.kubelet = spawn([*self.ns.prefix, *self._kubelet_cmd], self.workdir / "kubelet.log")
 
-    def wait_ready(self, timeout: float | None = None) -> None:
-        """Until the node reports Ready (kubelet, containerd and CNI all answer) and namespace `default` has
-        its ServiceAccount (a pod created before the controller makes it is refused)."""
-        deadline = time.monotonic() + (timeout or self.ready_timeout)
-        while self.ready_status() != "True" or self.kubectl("get", "serviceaccount", "default", "-n", "default",
-                                                           check=False).returncode != 0:
-            if self.kubelet is not None and self.kubelet.poll() is not None:
-                raise NodeError(f"kubelet exited with {self.kubelet.returncode}; end of its log:\n"
-                                f"{tail(self.workdir / 'kubelet.log')}")
-            if time.monotonic() > deadline:
-                raise NodeError(f"node {NODE_NAME} not Ready after {timeout or self.ready_timeout:.0f}s; end of "
-                                f"kubelet's log:\n{tail(self.workdir / 'kubelet.log')}")
-            time.sleep(0.5)
+    # what belongs to it ----------------------------------------------------------------------------------
 
-    def ready_status(self) -> str:
-        done = self.kubectl("get", "node", NODE_NAME, "-o",
-                            'jsonpath={.status.conditions[?(@.type=="Ready")].status}', check=False)
-        return done.stdout.strip()
-
-    def pod_memory(self, namespace: str) -> dict[str, int]:
-        """Each running pod's working set in bytes (usage less inactive file pages, as kubelet counts it),
-        read from its memory cgroup: kubelet's own summary has no figures for pods under a nested cgroup
-        root on cgroup v1."""
-        pods = json.loads(self.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
-        memory = next(h for h in hierarchies() if (h / "memory.usage_in_bytes").exists())
-        root = memory / self.cgroup_root.lstrip("/")
-        out = {}
-        for pod in pods:
-            if pod["spec"].get("nodeName") != NODE_NAME or pod["status"].get("phase") != "Running":
-                continue
-            found = next(root.rglob(f"pod{pod['metadata']['uid']}"), None)
-            if found is None:
-                continue
-            usage = int((found / "memory.usage_in_bytes").read_text())
-            stat = dict(line.split() for line in (found / "memory.stat").read_text().splitlines())
-            out[pod["metadata"]["name"]] = max(0, usage - int(stat.get("total_inactive_file", 0)))
-        return out
-
-    # stopping ----------------------------------------------------------------------------------------------
-
-    def stop(self) -> None:
-        """Stop everything, by PID, and remove the cgroups, the namespace and the work dir. Safe twice."""
-        if self._stopped:
-            return
-        self._stopped = True
-        if self.cp is not None and self.kubelet is not None and self.kubelet.poll() is None:
-            # kubelet stops the pods' containers and unmounts their volumes itself.
-            self.kubectl("delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={NODE_NAME}",
-                         "--grace-period=1", "--wait=true", "--timeout=30s", check=False, timeout=45)
-        if self.kubelet is not None:
-            terminate(self.kubelet)
-        kill_pids(cgroup_pids(self._cgroups_made))  # containers kubelet did not stop
-        if self.containerd is not None:
-            terminate(self.containerd)
-        if self._netns_inode:  # containerd's shims, which outlive it
-            known = {os.getpid(), *(self.cp.pids.values() if self.cp else ()), *([self.ns.pid] if self.ns else [])}
-            kill_pids(pids_in_netns(self._netns_inode) - known)
-        if self.cp is not None:
-            self.cp.stop()
-        if self.ns is not None:
-            self.ns.stop()
-        remove_cgroups([*self._cgroup_dirs(), *self._cgroups_made])
-        if self.workdir != Path():
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def _cgroup_dirs(self) -> list[Path]:
-        """The node's cgroup root in every hierarchy, the unified one included."""
-        if not self.cgroup_root:
-            return []
+    def cgroup_dirs(self) -> list[Path]:
+        """The host's cgroup root in every hierarchy, the unified one included."""
         return [h / self.cgroup_root.lstrip("/") for h in hierarchies(unified=True)]
 
+    def processes(self) -> set[int]:
+        """This host's processes: those in its network namespace but the namespace's holder (and its
+        `sleep`), and those in its cgroups (the pods' containers)."""
+        mine = pids_in_netns(self.netns_inode) if self.netns_inode else set()
+        if self.ns is not None and self.ns.holder is not None:
+            mine -= descendants(self.ns.pid)
+        return alive((mine | cgroup_pids(self.cgroup_dirs())) - {os.getpid()})
+
+    def container_cgroup(self, pod_uid: str, container_id: str) -> Path:
+        """The container's memory cgroup (kubelet on cgroupfs: <root>/kubepods[/<qos>]/pod<uid>/<id>)."""
+        memory = next(h for h in hierarchies() if (h / "memory.usage_in_bytes").exists())
+        for found in (memory / self.cgroup_root.lstrip("/")).rglob(f"pod{pod_uid}"):
+            if (found / container_id).is_dir():
+                return found / container_id
+        raise NodeError(f"no cgroup of container {container_id[:12]} of pod {pod_uid} on {self.name}")
+
+    # faults ----------------------------------------------------------------------------------------------
+
+    def kill(self) -> None:
+        """The node dies as a machine that lost power: first its network goes silent, then every process of
+        it is SIGKILLed at once; nothing says goodbye to the API server (the Node and its pods stay as they
+        were, its Lease is no longer renewed).
+
+        Silent: the host's end of its uplink is set down. The kernel then drops the host's routes through
+        it (they come back with `revive`), so nothing leaves the host; the fabric's end loses its carrier
+        and its route to the host stays (marked linkdown, still used: `ignore_routes_with_linkdown` is 0),
+        and the link's queue discipline becomes noop while the carrier is off, so what the fabric sends
+        there (kube-apiserver's calls to kubelet and to the node's pods) is dropped without an answer: no
+        RST, no ICMP. The fabric's neighbour entry for the host is permanent, so no ARP can fail and turn
+        the silence into EHOSTUNREACH. A connect to the node times out, as to a powered-off machine.
+
+        At once: kubelet, containerd, the shims and the pods' processes are all SIGSTOPped first, so none
+        sees another die and reacts, then SIGKILLed; the namespace's holder stays (it is the machine's
+        network, kept for `revive`), and so do the pods' network namespaces and cgroups, as a machine's
+        disk keeps its state."""
+        self.inside("ip", "link", "set", UPLINK, "down")
+        self.killed = True
+        pids = self.processes()
+        signal_all(pids, signal.SIGSTOP)
+        deadline = time.monotonic() + 15
+        while pids:
+            signal_all(pids, signal.SIGKILL)
+            if time.monotonic() > deadline:
+                raise NodeError(f"{self.name}: processes {sorted(pids)} survived SIGKILL")
+            time.sleep(0.05)
+            pids = self.processes()
+        for proc in (self.kubelet, self.containerd):
+            if proc is not None:
+                proc.wait()
+
+    def revive(self) -> None:
+        """The killed node back, as a machine powered on again: its network up, containerd and kubelet started
+        on the state they left. containerd finds its containers dead, kubelet syncs its pods again (new
+        sandboxes, the containers restarted) and reports the node Ready (`Cluster.revive_node` waits)."""
+        self.uplink_up()
+        self.start_containerd()
+        self.start_kubelet()
+        self.killed = False
+
+    def restart_kubelet(self) -> None:
+        """SIGTERM kubelet (its pods keep running), wait for it to exit, start it again on its state."""
+        if self.kubelet is not None:
+            terminate(self.kubelet)
+        self.start_kubelet()
+
+    def restart_containerd(self) -> None:
+        """SIGTERM containerd (the shims, and so the containers, keep running), start it again on its state."""
+        if self.containerd is not None:
+            terminate(self.containerd)
+        self.start_containerd()
+
+    # stopping --------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """kubelet, the containers left in its cgroups, containerd, the shims, then the namespace (its
+        mounts, bridge and uplink go with it) and the cgroups. The pods are deleted before, by the cluster."""
+        if self.kubelet is not None:
+            terminate(self.kubelet)
+        kill_pids(cgroup_pids(self.cgroup_dirs()))  # containers kubelet did not stop
+        if self.containerd is not None:
+            terminate(self.containerd)
+        kill_pids(self.processes())  # containerd's shims, which outlive it
+        if self.ns is not None:
+            self.ns.stop()
+        remove_cgroups([*self.cgroup_dirs(), *self._cgroups_made])
+
     def leftovers(self) -> dict[str, list[str]]:
-        """What of this node is still on the machine (nothing, after `stop()`)."""
-        return leftovers(self.workdir, self.cgroup_root, self._netns_inode)
+        return leftovers(self.workdir, self.cgroup_root, self.netns_inode)
 
 
-def leftovers(workdir: Path, cgroup_root: str, netns_inode: int) -> dict[str, list[str]]:
-    """What of a node is still on the machine: mounts under its work dir, its cgroups, processes in its
-    network namespace, the work dir. A function, so that a node another process ran can be checked too."""
+def leftovers(workdir: Path, cgroup_root: str, *netns_inodes: int) -> dict[str, list[str]]:
+    """What of a node (or a cluster of them) is still on the machine: mounts under its work dir, its cgroups,
+    processes in its network namespaces, the work dir. A function, so that a node another process ran can be
+    checked too."""
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
               if workdir != Path() and line.split()[1].startswith(str(workdir))]
     cgroups = [str(d) for d in (h / cgroup_root.lstrip("/") for h in hierarchies(unified=True))
                if cgroup_root and d.exists()]
-    procs = [str(p) for p in pids_in_netns(netns_inode)] if netns_inode else []
+    procs = [str(p) for inode in netns_inodes if inode for p in pids_in_netns(inode)]
     files = [str(workdir)] if workdir != Path() and workdir.exists() else []
     return {"mounts": mounts, "cgroups": cgroups, "processes": procs, "files": files}
 
 
-def reaper(workdir: Path, cgroup_root: str) -> list[str]:
-    """Shell for the namespace's holder to run when it stops: after `Node.stop()` it finds nothing, but when
-    the test process was killed (and with it kubelet, containerd and the control plane), it stops the
-    containers and shims left, removes the cgroups and the work dir."""
+def reaper(workdir: Path, cgroup_root: str, after: Path | None = None) -> list[str]:
+    """Shell for a namespace's holder to run when it stops: after `stop()` it finds nothing, but when the test
+    process was killed (and with it kubelet, containerd and the control plane), it stops the containers and
+    shims left, removes the cgroups and the work dir. `after`: a file of other holders' PIDs to wait for
+    first (the fabric's waits for its hosts', then removes the whole tier's directory and cgroups)."""
     dirs = " ".join(str(h / cgroup_root.lstrip("/")) for h in hierarchies(unified=True))
+    wait = [] if after is None else [
+        f"for pid in $(cat {after} 2>/dev/null); do for i in $(seq 50); do [ -d /proc/$pid ] || break; "
+        "sleep 0.2; done; done"]
     return [
         f"for f in $(find {dirs} -name cgroup.procs 2>/dev/null); do kill -9 $(cat $f) 2>/dev/null; done",
         "net=$(readlink /proc/$$/ns/net)",
         'for p in /proc/[0-9]*; do pid=${p#/proc/}; [ "$pid" != $$ ] && '
         '[ "$(readlink $p/ns/net 2>/dev/null)" = "$net" ] && kill -9 $pid 2>/dev/null; done',
+        # Our parent gone (the holder was given to another), not merely stopping us: the work dir goes too.
+        f"if [ \"$(cut -d' ' -f4 /proc/$$/stat)\" != {os.getpid()} ]; then gone=1; fi",
+        *(f"[ -z \"$gone\" ] || {{ {line}; }}" for line in wait),
         f"for i in 1 2 3 4 5 6 7 8 9 10; do find {dirs} -depth -type d -exec rmdir {{}} + 2>/dev/null; "
         f"[ -z \"$(ls -d {dirs} 2>/dev/null)\" ] && break; sleep 0.3; done",
-        # Our parent gone (the holder was given to another), not merely stopping us: the work dir goes too.
-        f"if [ \"$(cut -d' ' -f4 /proc/$$/stat)\" != {os.getpid()} ]; then",
+        "if [ -n \"$gone\" ]; then",
         f"  grep -o ' {workdir}[^ ]*' /proc/self/mounts | sort -r | xargs -r umount -l",
         f"  rm -rf {workdir}",
         "fi",
@@ -455,15 +520,16 @@ def reaper(workdir: Path, cgroup_root: str) -> list[str]:
 # --- configurations ---------------------------------------------------------------------------------------
 
 
-def cni_config(workdir: Path) -> dict[str, Any]:
-    """A bridge without gateway or masquerade (no iptables, no forwarding); pods route the cluster IPs to
-    the node, where the `kubernetes` Service's one is local."""
+def cni_config(workdir: Path, index: int) -> dict[str, Any]:
+    """A bridge without gateway or masquerade (no iptables); pods route the cluster IPs and the other nodes'
+    pods to their node, which forwards them to the fabric."""
+    ip, subnet = node_ip(index), pod_subnet(index)
+    first, last = subnet.replace(".0/24", ".10"), subnet.replace(".0/24", ".250")
     return {"cniVersion": "0.4.0", "name": "hmw", "plugins": [
         {"type": "bridge", "bridge": BRIDGE, "isGateway": False, "ipMasq": False, "hairpinMode": True,
          "ipam": {"type": "host-local",
-                  "ranges": [[{"subnet": POD_SUBNET, "rangeStart": "10.244.0.10", "rangeEnd": "10.244.0.250",
-                               "gateway": NODE_IP}]],
-                  "routes": [{"dst": pki.SERVICE_CIDR, "gw": NODE_IP}],
+                  "ranges": [[{"subnet": subnet, "rangeStart": first, "rangeEnd": last, "gateway": ip}]],
+                  "routes": [{"dst": pki.SERVICE_CIDR, "gw": ip}, {"dst": POD_NETWORK, "gw": ip}],
                   "dataDir": str(workdir / "cni" / "ipam")}},
         {"type": "loopback"}]}
 
@@ -505,10 +571,10 @@ oom_score = 0
 
 
 def kubelet_config(workdir: Path, ca_file: Path, pki_dir: Path, socket: Path, cgroup_root: str,
-                   minor: int) -> dict[str, Any]:
+                   minor: int, address: str) -> dict[str, Any]:
     config: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
-        "address": NODE_IP, "port": 10250, "readOnlyPort": 0,
+        "address": address, "port": 10250, "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1", "healthzPort": 10248,
         "tlsCertFile": str(pki_dir / "kubelet-serving.crt"), "tlsPrivateKeyFile": str(pki_dir / "kubelet-serving.key"),
         "authentication": {"anonymous": {"enabled": False}, "webhook": {"enabled": True},
@@ -540,32 +606,3 @@ def _hard_nofile() -> int:
     import resource
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     return hard if hard != resource.RLIM_INFINITY else 1048576
-
-
-# --- `python -m devtools.node up` -------------------------------------------------------------------------
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.node", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start a node and the control plane, print the kubeconfig, stop on Ctrl-C")
-    parser.parse_args(argv)
-    stopping = threading.Event()
-    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(s, lambda *_: stopping.set())
-    node = Node()
-    try:
-        node.start()
-        print(f"node {NODE_NAME} Ready in {node.startup_seconds:.1f}s", file=sys.stderr)
-        print(f"export KUBECONFIG={node.kubeconfig}", flush=True)
-        stopping.wait()
-        return 0
-    except ControlPlaneError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    finally:
-        node.stop()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

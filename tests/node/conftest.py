@@ -16,7 +16,7 @@ import pytest
 
 from devtools import local
 from devtools.binaries import ControlPlaneError
-from devtools.node import Node
+from devtools.nodes import Cluster
 from tests.tiers import only_when_selected
 
 NODE_DIR = Path(__file__).resolve().parent
@@ -37,9 +37,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def node() -> Iterator[Node]:
+def node() -> Iterator[Cluster]:
     started = time.monotonic()
-    n = Node()
+    n = Cluster(1)
     try:
         n.start()
     except (ControlPlaneError, RuntimeError) as e:
@@ -55,7 +55,7 @@ def node() -> Iterator[Node]:
 
 
 @pytest.fixture(scope="session")
-def chart(node: Node) -> Iterator[Node]:
+def chart(node: Cluster) -> Iterator[Cluster]:
     """The chart installed as the README's Install section says (`devtools.local.install_chart_on_node`, what
     `make run NODE=1` runs too), 3 replicas Ready through their probes."""
     try:

@@ -23,7 +23,7 @@ from .test_chart import SLICE_POD
 
 def netns_inode(workdir: Path) -> int:
     """The network namespace of the node's kubelet (a process naming the node's work dir in its flags)."""
-    for pid in processes_mentioning(workdir / "kubelet.yaml"):
+    for pid in processes_mentioning(workdir / "node1" / "kubelet.yaml"):
         return os.stat(f"/proc/{pid}/ns/net").st_ino
     raise AssertionError(f"no kubelet of {workdir} running")
 

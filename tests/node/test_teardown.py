@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 from devtools.binaries import REPO_ROOT
-from devtools.node import Node, hierarchies, own_memory_cgroup
+from devtools.node import hierarchies, own_memory_cgroup
+from devtools.nodes import Cluster
 
 
 def snapshot() -> dict[str, set[str]]:
@@ -30,7 +31,7 @@ def snapshot() -> dict[str, set[str]]:
 
 def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
     before = snapshot()
-    node = Node(images=())
+    node = Cluster(1, images=())
     node.start()
     try:
         workdir = node.workdir
@@ -45,7 +46,7 @@ def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
         # The node's mounts exist only in its own mount namespace, its cgroups in the machine's hierarchies.
         assert not [m for m in during["mounts"] - before["mounts"] if str(workdir) in m]
         assert during["cgroups"] - before["cgroups"]
-        inode = node.ns.inode() if node.ns else 0
+        inodes = {h.netns_inode for h in node.hosts}
     finally:
         node.stop()
     assert node.leftovers() == {"mounts": [], "cgroups": [], "processes": [], "files": []}
@@ -55,7 +56,7 @@ def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
     assert not {link for link in after["links"] - before["links"] if link.startswith(("hmw", "veth"))}
     assert after["cgroups"] <= before["cgroups"]
     new = after["processes"] - before["processes"]
-    ours = [p for p in new if _in_netns(p, inode) or str(workdir) in _cmdline(p)]
+    ours = [p for p in new if any(_in_netns(p, i) for i in inodes) or str(workdir) in _cmdline(p)]
     assert ours == []
     assert not workdir.exists()
 
@@ -76,24 +77,25 @@ def _cmdline(pid: str) -> str:
 
 KILLED_RUN = """
 import json, sys, time
-from devtools.node import Node
-node = Node(images=())
+from devtools.nodes import Cluster
+node = Cluster(2, images=())
 node.start()
 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
        "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
 node.kubectl("create", "-f", "-", input=json.dumps(pod))
 while node.kubectl("get", "pod", "holder", "-o", "jsonpath={.status.phase}").stdout != "Running":
     time.sleep(0.25)
-dirs = [str(d) for d in node._cgroup_dirs()]
-print(json.dumps({"workdir": str(node.workdir), "inode": node.ns.inode(), "cgroups": dirs}), flush=True)
+dirs = [str(d) for h in node.hosts for d in h.cgroup_dirs()]
+inodes = [node.fabric_inode, *(h.netns_inode for h in node.hosts)]
+print(json.dumps({"workdir": str(node.workdir), "inodes": inodes, "cgroups": dirs}), flush=True)
 time.sleep(600)
 """
 
 
 def test_a_killed_run_leaves_nothing_either() -> None:
-    """SIGKILL the process that started a node with a pod running: kubelet, containerd and the control
-    plane die with it, and the namespace's holder stops the containers and shims, removes the cgroups and
-    the work dir."""
+    """SIGKILL the process that started two nodes with a pod running: kubelets, containerds and the control
+    plane die with it, and the namespaces' holders stop the containers and shims, remove the cgroups and the
+    work dir (the fabric's holder last, once the nodes' have stopped)."""
     proc = subprocess.Popen([sys.executable, "-c", KILLED_RUN], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
@@ -104,13 +106,13 @@ def test_a_killed_run_leaves_nothing_either() -> None:
     finally:
         proc.kill()
         proc.wait()
-    workdir, inode = Path(started["workdir"]), started["inode"]
+    workdir, inodes = Path(started["workdir"]), started["inodes"]
     assert [Path(d).is_dir() for d in started["cgroups"]] and workdir.is_dir()
     deadline = time.monotonic() + 30
-    while workdir.exists() or any(Path(d).exists() for d in started["cgroups"]) or _netns_pids(inode):
-        assert time.monotonic() < deadline, (workdir.exists(), started["cgroups"], _netns_pids(inode))
+    while workdir.exists() or any(Path(d).exists() for d in started["cgroups"]) or _netns_pids(*inodes):
+        assert time.monotonic() < deadline, (workdir.exists(), started["cgroups"], _netns_pids(*inodes))
         time.sleep(0.2)
 
 
-def _netns_pids(inode: int) -> list[str]:
-    return [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and _in_netns(e.name, inode)]
+def _netns_pids(*inodes: int) -> list[str]:
+    return [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and any(_in_netns(e.name, i) for i in inodes)]

@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 
 from devtools import local
-from devtools.node import Node
+from devtools.nodes import Cluster
 from hami_mt_webhook.service import certs
 from tests.e2e.support import VGPU, WHOLE, pod
-from tests.e2e.traffic import LoopThread, PodCreator
+from tests.e2e.traffic import LoopThread, PodCreator, creating
 
 from .conftest import MEASURED, NAMESPACE
 
@@ -44,27 +44,22 @@ def lt() -> Iterator[LoopThread]:
 
 
 @contextmanager
-def load(node: Node, lt: LoopThread, what: str, seconds: float) -> Iterator[PodCreator]:
+def load(node: Cluster, lt: LoopThread, what: str, seconds: float) -> Iterator[PodCreator]:
     """Slice pods created at RATE for `seconds` in a namespace of their own; on leaving, every creation
     must have succeeded, and no replica may have restarted or logged a traceback."""
     ns = "load-" + re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")[:40]
-    node.kubectl("create", "namespace", ns)
-    creator = PodCreator(lt, node.controlplane.server, node.controlplane.workdir, ns,
-                         lambda i: pod(f"p{i}", {VGPU: 1}))
     started = time.monotonic()
-    creator.start(RATE, seconds)
-    yield creator
-    creator.wait(seconds + 120)
+    with creating(node.controlplane, lt, ns, RATE, seconds) as creator:
+        yield creator
     total = int(RATE * seconds)
     MEASURED.append(f"{what}: {creator.results[201]}/{total} pods created, {len(creator.failures)} failed "
                     f"({time.monotonic() - started:.0f} s)")
-    node.kubectl("delete", "namespace", ns, "--wait=false")
     assert creator.failures == [], (creator.failures[:5], verdicts(node))
     assert creator.results[201] == total
     assert_replicas_healthy(node)
 
 
-def verdicts(node: Node) -> list[str]:
+def verdicts(node: Cluster) -> list[str]:
     """The failover verdicts the replicas logged: what took a replica out of the endpoints, and when."""
     lines = []
     for p in replicas(node, terminating=True):
@@ -73,14 +68,14 @@ def verdicts(node: Node) -> list[str]:
     return lines
 
 
-def replicas(node: Node, *, terminating: bool = False) -> list[dict[str, Any]]:
+def replicas(node: Cluster, *, terminating: bool = False) -> list[dict[str, Any]]:
     """The webhook's pods; those being deleted (still serving through their preStop) only if asked."""
     out = node.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
                        "-o", "json").stdout
     return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
-def ready(node: Node) -> list[str]:
+def ready(node: Cluster) -> list[str]:
     return sorted(p["metadata"]["name"] for p in replicas(node)
                   if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
 
@@ -93,7 +88,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 180.0) -> fl
     return time.monotonic() - started
 
 
-def rolled_out(node: Node) -> None:
+def rolled_out(node: Cluster) -> None:
     """The rollout done and the old replicas gone: until their preStop ends they still answer on the
     API server's kept-alive connections, with the old settings."""
     node.kubectl("rollout", "status", DEPLOYMENT, "-n", NAMESPACE, "--timeout=180s", timeout=200)
@@ -101,7 +96,7 @@ def rolled_out(node: Node) -> None:
              lambda: len(ready(node)) == 3 and len(replicas(node, terminating=True)) == 3)
 
 
-def assert_replicas_healthy(node: Node) -> None:
+def assert_replicas_healthy(node: Cluster) -> None:
     """No replica restarted by kubelet, and none logged a traceback."""
     for p in replicas(node):
         name = p["metadata"]["name"]
@@ -111,18 +106,18 @@ def assert_replicas_healthy(node: Node) -> None:
         assert "Traceback" not in logs, f"{name}:\n{logs[-3000:]}"
 
 
-def replica_metric(node: Node, pod_name: str, metric: str) -> float | None:
+def replica_metric(node: Cluster, pod_name: str, metric: str) -> float | None:
     text = node.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod_name}:9090/proxy/metrics",
                         check=False).stdout
     found = re.search(rf"^{re.escape(metric)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
     return float(found.group(1)) if found else None
 
 
-def helm(node: Node, *args: str) -> None:
+def helm(node: Cluster, *args: str) -> None:
     local.helm(node.controlplane, *args)
 
 
-def test_rollout_restart_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_rollout_restart_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     before = set(ready(chart))
     with load(chart, lt, "kubectl rollout restart", 40):
         time.sleep(3)
@@ -131,7 +126,7 @@ def test_rollout_restart_loses_no_pod(chart: Node, lt: LoopThread) -> None:
     assert not before & set(ready(chart)), "every replica was replaced"
 
 
-def test_a_deleted_replica_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_a_deleted_replica_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     victim = ready(chart)[0]
     with load(chart, lt, "kubectl delete pod", 30):
         time.sleep(3)
@@ -142,7 +137,7 @@ def test_a_deleted_replica_loses_no_pod(chart: Node, lt: LoopThread) -> None:
     assert victim not in ready(chart)
 
 
-def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     """One node holds all three replicas: the drain evicts two (the replacements cannot be placed on the
     cordoned node) and the PodDisruptionBudget refuses the third, so one replica always answers."""
     node_name = chart.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
@@ -160,7 +155,7 @@ def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Node, lt
     MEASURED.append(f"drain: {fewest} replica(s) Ready at its end, the budget refused the last eviction")
 
 
-def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Node, lt: LoopThread) -> None:
+def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Cluster, lt: LoopThread) -> None:
     mixed = pod("mixed", {VGPU: 1, WHOLE: 1})
     with load(chart, lt, "helm upgrade --set enforcement=warn and back", 60):
         time.sleep(3)
@@ -180,7 +175,7 @@ def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Node, lt: 
         chart.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(chart: Node, lt: LoopThread) -> None:
+def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     """A renewal to a new CA, done in the order that keeps every call trusted: the webhook configurations
     trust the old and the new CA, the Secret is replaced (kubelet swaps the mounted files through
     `..data`), every replica serves the new certificate without a restart, then only the new CA is
@@ -209,7 +204,7 @@ def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(ch
     assert ready(chart) == names, "the replicas were restarted"
 
 
-def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(chart: Node) -> None:
+def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(chart: Cluster) -> None:
     ns = "outage"
     chart.kubectl("create", "namespace", ns)
     try:
@@ -233,7 +228,7 @@ def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(
     assert_replicas_healthy(chart)
 
 
-def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Node) -> None:
+def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Cluster) -> None:
     assert_replicas_healthy(chart)
     helm(chart, "uninstall", local.RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
     for kind, name in CONFIGS:
@@ -253,7 +248,7 @@ def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Node) -> Non
     assert created["spec"].get("schedulerName") == "default-scheduler"
 
 
-def set_ca_bundle(node: Node, bundle: bytes) -> None:
+def set_ca_bundle(node: Cluster, bundle: bytes) -> None:
     encoded = b64(bundle)
     for kind, name in CONFIGS:
         hooks = json.loads(node.kubectl("get", kind, name, "-o", "json").stdout)["webhooks"]

@@ -1,0 +1,495 @@
+"""The node tier: a control plane and N real nodes, each a machine that can be cut off or killed whole.
+
+Every address lives only in namespaces made here, none linked to the machine's network:
+
+- the fabric: a network and mount namespace (`devtools.netns`) holding etcd, kube-apiserver and the
+  controllers. Its loopback carries the `kubernetes` Service's cluster IP (10.0.0.1; with no
+  kube-proxy, this is how pods reach the API server at the address kubelet gives them, as kube-proxy's
+  IPVS mode binds cluster IPs to a local interface) and the control plane's own address 10.244.0.1, the
+  one kube-apiserver advertises; it listens on port 443 of every address.
+- node N (`devtools.node.Host`, hmw-node-N in zone-a, zone-b, ...): a namespace of its own with its
+  bridge hmw0 (10.244.N.1/24, its pods), containerd, kubelet and cgroup root, linked to the fabric by
+  a veth pair (hmwnN in the fabric, hmwf0 on the node) that carries no address. The fabric routes
+  10.244.N.0/24 to the node; the node routes the cluster IPs and 10.244.0.0/16 (the fabric and the
+  other nodes' pods) to the fabric; pods route the same two ranges to their node; the fabric and the
+  nodes forward (ip_forward, set in their own namespaces). So kube-apiserver reaches every kubelet and
+  every pod (it calls webhooks by pod IP, `--enable-aggregator-routing`), and pods reach the API server
+  and each other across nodes: routing only, no iptables. The MACs of each link are fixed and its
+  neighbour entries permanent, so that a dead link is silent rather than unreachable.
+
+The test process stays outside and reaches the API server through a forwarded loopback port
+(`Namespace.forward`): one URL for kubectl, helm and the tests.
+
+Faults, each callable from a test while traffic runs (from the thread that started the cluster: a
+restart starts processes that die with the thread that started them, `procs.die_with_parent`):
+`kill_node`/`revive_node`, `restart_kubelet`, `restart_containerd` (the node as a machine,
+`Host`), and for a pod's container `freeze_pod`/`thaw_pod`, `kill_pod`, `cut_pod`/`restore_pod` and
+`oom_kill_pod`. Each docstring says what it does at the kernel's level. Only processes of the tier are
+signalled: those in a node's network namespace or cgroups, found by PID, never by name.
+
+`stop()` leaves nothing, even after a kill and a revive: the pods of live nodes deleted, each node's
+processes stopped by PID, the control plane, the namespaces' holders last (their mounts, bridges and
+links go with them), the cgroups and the work dir removed. `leftovers()` says what is left; a killed
+test process leaves nothing either (each holder's `node.reaper`).
+
+    python -m devtools.nodes up [--nodes N]    start them, print the kubeconfig, stop everything on Ctrl-C
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from devtools import image, node, pki
+from devtools.binaries import ControlPlaneError, binaries
+from devtools.controlplane import ControlPlane
+from devtools.netns import Namespace
+from devtools.node import Host, NodeError
+from devtools.procs import die_with_parent, tail
+
+#: A process that fills memory once told to (a line on stdin): the pressure `oom_kill_pod` puts on a cgroup. The
+#: memory is a memfd's (shmem: charged to the writer's memory cgroup, unreclaimable without swap, freed when the
+#: process ends) and so not in the process's RSS, which the OOM killer's choice weighs.
+HOG = ("import os, sys\nsys.stdin.readline()\nfd, chunk = os.memfd_create('hog'), b'\\1' * (8 << 20)\n"
+       "for _ in range(int(sys.argv[1]) // len(chunk) + 1):\n    os.write(fd, chunk)\n")
+#: How far above the container's usage `oom_kill_pod` sets its limit: enough for its processes' oom_score_adj of
+#: 1000 (worth the limit in pages, rounded down to thousands) to outweigh our process's own RSS (an interpreter).
+OOM_HEADROOM = 64 << 20
+
+
+class Cluster:
+    """The control plane in the fabric and `nodes` real nodes; single use, like ControlPlane.
+
+    `labels[i]` are extra labels of node i+1 (e.g. `{"mthreads.com/gpu-node": "true"}`), beside its zone.
+    `images` are podman images imported into every node's containerd (the chart's by default; none: the
+    pause image only, which always is). `version` picks the Kubernetes binaries as `devtools.binaries` does.
+    """
+
+    def __init__(self, nodes: int = 3, *, labels: Sequence[Mapping[str, str]] = (), workdir: Path | None = None,
+                 version: str | None = None, images: Sequence[str] | None = None,
+                 ready_timeout: float = 120.0) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster has at least one node")
+        self.size = nodes
+        self.extra_labels = list(labels)
+        self._parent_dir = workdir
+        self.version = version
+        self.images = [image.reference()] if images is None else list(images)
+        self.ready_timeout = ready_timeout
+        self.workdir = Path()
+        self.fabric: Namespace | None = None
+        self.cp: ControlPlane | None = None
+        self.hosts: list[Host] = []
+        self.cgroup_root = ""
+        #: The pause image, containerd's sandbox image (and a small image for a test pod).
+        self.pause = ""
+        self._cgroups_made: list[Path] = []
+        self.fabric_inode = 0
+        self._cuts: dict[tuple[str, str], tuple[Host, str, str, Path]] = {}
+        self._stopped = False
+        #: Seconds from `start()` to every node Ready, and from the kubelets' start to it.
+        self.startup_seconds: float | None = None
+        self.kubelet_ready_seconds: float | None = None
+
+    # access ------------------------------------------------------------------------------------------------
+
+    @property
+    def controlplane(self) -> ControlPlane:
+        if self.cp is None:
+            raise NodeError("the cluster has not been started")
+        return self.cp
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.controlplane.kubeconfig
+
+    @property
+    def names(self) -> list[str]:
+        return [h.name for h in self.hosts]
+
+    def host(self, name: str) -> Host:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise NodeError(f"no node {name} in this cluster ({', '.join(self.names)})")
+
+    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        return self.controlplane.kubectl(*args, **kwargs)
+
+    def in_fabric(self, *cmd: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """A command run where the control plane runs (what kube-apiserver reaches, it reaches)."""
+        if self.fabric is None:
+            raise NodeError("the cluster has not been started")
+        return self.fabric.run(*cmd, check=check, timeout=timeout)
+
+    # lifecycle ---------------------------------------------------------------------------------------------
+
+    def __enter__(self) -> Cluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> Cluster:
+        if self.fabric is not None:
+            raise NodeError("a Cluster starts once; make a new one")
+        bin_dir = binaries(self.version)
+        if not os.access(bin_dir / "kubelet", os.X_OK):
+            raise NodeError(f"{bin_dir} has no kubelet: run scripts/build-controlplane.sh")
+        for tool in (node.CONTAINERD, node.CTR, node.RUNC, f"{node.CNI_BIN}/bridge"):
+            if not os.access(tool, os.X_OK):
+                raise NodeError(f"{tool} is missing: `make node-tools` installs containerd, runc and "
+                                "containernetworking-plugins")
+        pause = self.pause = node.pause_image()
+        archives = [node.image_archive(name) for name in [pause, *self.images]]
+        started = time.monotonic()
+        if self._parent_dir is not None:
+            self._parent_dir.mkdir(parents=True, exist_ok=True)
+        self.workdir = Path(tempfile.mkdtemp(prefix="hami-mt-node-", dir=self._parent_dir))
+        try:
+            self.cgroup_root = f"{node.own_memory_cgroup().rstrip('/')}/{self.workdir.name}"
+            holders = self.workdir / "holders"
+            self.fabric = Namespace(self.workdir, setup=[
+                f"ip addr add {pki.SERVICE_IP}/32 dev lo", f"ip addr add {node.FABRIC_IP}/32 dev lo",
+                "echo 1 > /proc/sys/net/ipv4/ip_forward"],
+                on_exit=node.reaper(self.workdir, self.cgroup_root, after=holders)).start()
+            self.fabric_inode = self.fabric.inode()
+            for i in range(1, self.size + 1):
+                labels = self.extra_labels[i - 1] if i <= len(self.extra_labels) else {}
+                host = Host(i, self.workdir / f"node{i}", f"{self.cgroup_root}/{node.node_name(i)}", labels)
+                self.hosts.append(host)
+                host.make_namespace()
+                holders.write_text(" ".join(str(h.ns.pid) for h in self.hosts if h.ns is not None))
+                self.fabric.run("sh", "-ec", "\n".join(host.fabric_commands()))
+                host.uplink_up()
+            self.cp = ControlPlane(bin_dir=bin_dir, workdir=self.workdir, controllers=True,
+                                   command_prefix=self.fabric.prefix, reach=self.fabric.forward,
+                                   apiserver_port=node.APISERVER_PORT, node_ip=node.FABRIC_IP,
+                                   ready_timeout=self.ready_timeout)
+            self.cp.start()
+            self._cgroups_made = node.make_cgroups(self.cgroup_root)
+            for host in self.hosts:
+                host.make_cgroups()
+                host.start_containerd(pause)
+            with concurrent.futures.ThreadPoolExecutor(len(self.hosts)) as pool:  # short children: any thread
+                list(pool.map(lambda h: [h.ctr("images", "import", str(a)) for a in archives], self.hosts))
+            kubelets_started = time.monotonic()
+            assert self.cp._ca is not None
+            for host in self.hosts:
+                host.start_kubelet(bin_dir, self.cp._ca, self.cp.ca_file, self.cp.minor)
+            self.wait_ready()
+            self.kubelet_ready_seconds = time.monotonic() - kubelets_started
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        return self
+
+    def nodes(self) -> dict[str, dict[str, Any]]:
+        """The Node objects of this cluster's hosts, by name (those registered)."""
+        items = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+        return {n["metadata"]["name"]: n for n in items if n["metadata"]["name"] in self.names}
+
+    def ready_status(self, name: str) -> str:
+        """The node's Ready condition as the API server has it ("" before it registers)."""
+        return _ready(self.nodes().get(name, {}))[0]
+
+    def wait_ready(self, names: Sequence[str] | None = None, timeout: float | None = None,
+                   since: float | None = None) -> None:
+        """Until the nodes report Ready (kubelet, containerd and CNI all answer; with `since`, a time.time(),
+        in a heartbeat kubelet sent after it: a revived node's Ready left from before its death does not
+        count) and namespace `default` has its ServiceAccount (a pod created before the controller makes it
+        is refused)."""
+        names = list(names or self.names)
+        deadline = time.monotonic() + (timeout or self.ready_timeout)
+        while True:
+            nodes = self.nodes()
+            waiting = [n for n in names if _ready(nodes.get(n, {}))[0] != "True"
+                       or (since is not None and _ready(nodes[n])[1] < int(since))]
+            if not waiting and self.kubectl("get", "serviceaccount", "default", "-n", "default",
+                                            check=False).returncode == 0:
+                return
+            for name in waiting:
+                host = self.host(name)
+                if host.kubelet is not None and host.kubelet.poll() is not None:
+                    raise NodeError(f"kubelet of {name} exited with {host.kubelet.returncode}; end of its log:\n"
+                                    f"{tail(host.workdir / 'kubelet.log')}")
+            if time.monotonic() > deadline:
+                logs = "\n".join(f"{n}:\n{tail(self.host(n).workdir / 'kubelet.log', 15)}" for n in waiting)
+                raise NodeError(f"{', '.join(waiting) or 'the default ServiceAccount'} not Ready after "
+                                f"{timeout or self.ready_timeout:.0f}s; end of kubelet's log:\n{logs}")
+            time.sleep(0.5)
+
+    def lease_renewed(self, name: str) -> float:
+        """When the node's kubelet last renewed its Lease (a time.time()): it stops moving when the node dies."""
+        renew = self.kubectl("get", "lease", name, "-n", "kube-node-lease", "-o",
+                             "jsonpath={.spec.renewTime}").stdout.strip()
+        whole, _, fraction = renew.rstrip("Z").partition(".")
+        return calendar.timegm(time.strptime(whole, "%Y-%m-%dT%H:%M:%S")) + float(f"0.{fraction or 0}")
+
+    def pod_memory(self, namespace: str) -> dict[str, int]:
+        """Each running pod's working set in bytes (usage less inactive file pages, as kubelet counts it),
+        read from its memory cgroup: kubelet's own summary has no figures for pods under a nested cgroup
+        root on cgroup v1."""
+        pods = json.loads(self.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
+        memory = next(h for h in node.hierarchies() if (h / "memory.usage_in_bytes").exists())
+        root = memory / self.cgroup_root.lstrip("/")
+        out = {}
+        for pod in pods:
+            if pod["spec"].get("nodeName") not in self.names or pod["status"].get("phase") != "Running":
+                continue
+            found = next(root.rglob(f"pod{pod['metadata']['uid']}"), None)
+            if found is None:
+                continue
+            usage = int((found / "memory.usage_in_bytes").read_text())
+            stat = dict(line.split() for line in (found / "memory.stat").read_text().splitlines())
+            out[pod["metadata"]["name"]] = max(0, usage - int(stat.get("total_inactive_file", 0)))
+        return out
+
+    # faults: nodes -----------------------------------------------------------------------------------------
+
+    def kill_node(self, name: str) -> None:
+        """The node dies whole, silently, without a goodbye (`Host.kill` says how)."""
+        self.host(name).kill()
+
+    def revive_node(self, name: str, wait: bool = True, timeout: float | None = None) -> None:
+        """The killed node powered on again (`Host.revive`); with `wait`, until kubelet has reported it Ready."""
+        since = time.time()
+        self.host(name).revive()
+        if wait:
+            self.wait_ready([name], timeout=timeout, since=since)
+
+    def restart_kubelet(self, name: str, wait: bool = True) -> None:
+        """kubelet of the node SIGTERMed and started again; its pods keep running meanwhile."""
+        since = time.time()
+        self.host(name).restart_kubelet()
+        if wait:
+            self.wait_ready([name], since=since)
+
+    def restart_containerd(self, name: str) -> None:
+        """containerd of the node SIGTERMed and started again; the shims and containers keep running."""
+        self.host(name).restart_containerd()
+
+    # faults: a pod's container -----------------------------------------------------------------------------
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(json.loads(self.kubectl("get", "pod", name, "-n", namespace, "-o", "json").stdout))
+
+    def container_status(self, namespace: str, name: str, container: str | None = None) -> dict[str, Any]:
+        """kubelet's status of the pod's container (the first unless named); {} before it reports one."""
+        statuses = self.pod(namespace, name)["status"].get("containerStatuses") or []
+        return dict(next((s for s in statuses if container in (None, s["name"])), {}))
+
+    def container_cgroup(self, namespace: str, name: str, container: str | None = None) -> tuple[Host, Path]:
+        """The node of a running pod and its container's memory cgroup (the first container unless named),
+        found from the pod's UID and the container's ID."""
+        pod = self.pod(namespace, name)
+        status = next((s for s in pod["status"].get("containerStatuses") or [] if container in (None, s["name"])), {})
+        if "running" not in status.get("state", {}):
+            raise NodeError(f"pod {namespace}/{name} has no running container {container or ''}".rstrip())
+        host = self.host(pod["spec"]["nodeName"])
+        return host, host.container_cgroup(pod["metadata"]["uid"], status["containerID"].split("://")[-1])
+
+    def container_processes(self, namespace: str, name: str, container: str | None = None) -> set[int]:
+        """The PIDs of the container's processes, read from its cgroup."""
+        return node.cgroup_pids([self.container_cgroup(namespace, name, container)[1]])
+
+    def freeze_pod(self, namespace: str, name: str, container: str | None = None) -> set[int]:
+        """SIGSTOP to every process of the container, returning once all are stopped (a signal is delivered
+        when the process is next scheduled): it stays, holds its sockets and answers nothing (the kernel still
+        completes TCP handshakes into its listen backlog); its probes time out. Returns the PIDs."""
+        pids = self.container_processes(namespace, name, container)
+        node.signal_all(pids, signal.SIGSTOP)
+        _until_state(pids, lambda state: state in "TZ")
+        return pids
+
+    def thaw_pod(self, namespace: str, name: str, container: str | None = None) -> None:
+        """SIGCONT to every process of the container, returning once none is stopped: it goes on where it
+        stopped."""
+        pids = self.container_processes(namespace, name, container)
+        node.signal_all(pids, signal.SIGCONT)
+        _until_state(pids, lambda state: state != "T")
+
+    def kill_pod(self, namespace: str, name: str, container: str | None = None) -> None:
+        """SIGKILL to every process of the container, as a crash: the kernel closes its sockets (peers get RST
+        on their next segment), containerd's shim reports the exit, kubelet restarts the container (exit
+        code 137, reason Error)."""
+        node.signal_all(self.container_processes(namespace, name, container), signal.SIGKILL)
+
+    def cut_pod(self, namespace: str, name: str, seconds: float | None = None) -> None:
+        """The pod's network cut silently, both ways; restored after `seconds` (blocking), or by `restore_pod`.
+
+        The host's end of the pod's veth is set down: the bridge stops forwarding to and from that port
+        (frames for the pod's MAC are flooded to the other ports, which drop them), and the pod's own end
+        loses its carrier, so what the pod sends is dropped by its queue discipline (noop while the carrier
+        is off). Before that, the node's neighbour entry for the pod and the pod's for its node (its gateway)
+        are made permanent: else their ARP would fail within seconds, and the node would answer the fabric's
+        packets for the pod with ICMP host unreachable, the pod's own connects would fail with EHOSTUNREACH.
+        So kube-apiserver, the other nodes' pods and the pod itself see timeouts; kubelet's probes too. Pods
+        on the same node still resolve the pod's address themselves and get EHOSTUNREACH once their ARP
+        fails: a cut seen from the same node is not silent."""
+        pod = self.pod(namespace, name)
+        host, cgroup = self.container_cgroup(namespace, name)
+        inside = ["nsenter", f"--net=/proc/{min(node.cgroup_pids([cgroup]))}/ns/net", "ip"]
+        link = subprocess.run([*inside, "-o", "link", "show", "eth0"], capture_output=True, text=True, check=True,
+                              timeout=30).stdout
+        found = re.search(r"eth0@if(\d+):.*link/ether (\S+)", link)
+        bridge = re.search(r"link/ether (\S+)", host.inside("ip", "-o", "link", "show", node.BRIDGE).stdout)
+        veth = re.search(rf"^{found[1] if found else '-'}: ([^:@]+)", host.inside("ip", "-o", "link").stdout, re.M)
+        if found is None or bridge is None or veth is None:
+            raise NodeError(f"pod {namespace}/{name}: no veth to cut ({link!r})")
+        ip = pod["status"]["podIP"]
+        subprocess.run([*inside, "neigh", "replace", host.ip, "lladdr", bridge[1], "dev", "eth0", "nud", "permanent"],
+                       check=True, timeout=30)
+        host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {found[2]} dev {node.BRIDGE} nud permanent\n"
+                                 f"ip link set {veth[1]} down")
+        self._cuts[(namespace, name)] = (host, veth[1], ip, cgroup.parent)
+        if seconds is not None:
+            time.sleep(seconds)
+            self.restore_pod(namespace, name)
+
+    def restore_pod(self, namespace: str, name: str) -> None:
+        """The cut pod's veth up again, and the neighbour entries on both sides learnt again (from any process
+        of the pod, its sandbox's if its container was restarted meanwhile)."""
+        host, veth, ip, pod_cgroup = self._cuts.pop((namespace, name))
+        host.inside("sh", "-ec", f"ip link set {veth} up\nip neigh del {ip} dev {node.BRIDGE} || true")
+        if pids := node.cgroup_pids([pod_cgroup]):
+            subprocess.run(["nsenter", f"--net=/proc/{min(pids)}/ns/net", "ip", "neigh", "del", host.ip, "dev", "eth0"],
+                           capture_output=True, timeout=30)
+
+    def oom_kill_pod(self, namespace: str, name: str, container: str | None = None,
+                     timeout: float = 60.0) -> dict[str, Any]:
+        """An OOM kill under the container's own memory limit, by the kernel's OOM killer; returns the
+        terminated state kubelet reports (reason OOMKilled).
+
+        cgroup v1 refuses a memory limit below what a cgroup cannot give back (the write fails with EBUSY;
+        v2 would OOM-kill at once), so: the container's `memory.limit_in_bytes` is lowered to its usage plus
+        OOM_HEADROOM (never raised), its processes' `oom_score_adj` raised to 1000 (raising needs no
+        privilege; the kernel adds the limit's size in pages to their badness, so they are its first
+        choice), and a process of ours joins its memory cgroup and writes into a memfd until the cgroup is
+        out of memory. The kernel's memcg OOM killer kills the container's main process (its pid namespace,
+        and so the container, ends), then ours, the only one left still charging; containerd's shim hears
+        the cgroup's OOM event, so kubelet reports OOMKilled and restarts the container in a new cgroup,
+        with the pod's limit."""
+        _host, cgroup = self.container_cgroup(namespace, name, container)
+        before = self._terminations(namespace, name, container)
+        for pid in node.cgroup_pids([cgroup]):
+            Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
+        usage, limit = (int((cgroup / f).read_text()) for f in ("memory.usage_in_bytes", "memory.limit_in_bytes"))
+        limit = min(limit, usage + OOM_HEADROOM)
+        (cgroup / "memory.limit_in_bytes").write_text(str(limit))
+        hog = subprocess.Popen([sys.executable, "-c", HOG, str(2 * limit)], stdin=subprocess.PIPE,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               preexec_fn=die_with_parent())
+        try:
+            (cgroup / "cgroup.procs").write_text(str(hog.pid))
+            assert hog.stdin is not None
+            hog.stdin.write(b"go\n")
+            hog.stdin.close()
+            hog.wait(timeout)
+        finally:
+            if hog.poll() is None:
+                hog.kill()
+                hog.wait()
+        deadline = time.monotonic() + timeout
+        while (after := self._terminations(namespace, name, container)) == before:
+            if time.monotonic() > deadline:
+                raise NodeError(f"kubelet reported no new termination of {namespace}/{name} after the OOM kill")
+            time.sleep(0.25)
+        return after
+
+    def _terminations(self, namespace: str, name: str, container: str | None) -> dict[str, Any]:
+        """The container's last termination kubelet reported (its current state if it is terminated)."""
+        status = self.container_status(namespace, name, container)
+        return dict(status.get("state", {}).get("terminated") or status.get("lastState", {}).get("terminated")
+                    or {})
+
+    # stopping ----------------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop everything, by PID, and remove the cgroups, the namespaces and the work dir. Safe twice."""
+        if self._stopped:
+            return
+        self._stopped = True
+        live = [h for h in self.hosts if h.kubelet is not None and h.kubelet.poll() is None]
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(self.hosts))) as pool:
+            if self.cp is not None and live:
+                # kubelet stops the pods' containers and unmounts their volumes itself.
+                list(pool.map(lambda h: self.kubectl(
+                    "delete", "pods", "--all-namespaces", f"--field-selector=spec.nodeName={h.name}",
+                    "--grace-period=1", "--wait=true", "--timeout=30s", check=False, timeout=45), live))
+            list(pool.map(Host.stop, self.hosts))
+        if self.cp is not None:
+            self.cp.stop()
+        if self.fabric is not None:
+            self.fabric.stop()
+        dirs = [h / self.cgroup_root.lstrip("/") for h in node.hierarchies(unified=True)] if self.cgroup_root else []
+        node.remove_cgroups([*dirs, *self._cgroups_made])
+        if self.workdir != Path():
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def leftovers(self) -> dict[str, list[str]]:
+        """What of the cluster is still on the machine (nothing, after `stop()`)."""
+        return node.leftovers(self.workdir, self.cgroup_root, self.fabric_inode, *(h.netns_inode for h in self.hosts))
+
+
+def _until_state(pids: set[int], ok: Callable[[str], bool], timeout: float = 10.0) -> None:
+    """Until every process's state (/proc/PID/stat: R, S, T, Z, ...) is `ok`, or it is gone."""
+    deadline = time.monotonic() + timeout
+    while not all(ok(node.process_state(p)) for p in pids):
+        if time.monotonic() > deadline:
+            raise NodeError(f"processes {sorted(pids)} not in the state asked for after {timeout:.0f} s")
+        time.sleep(0.01)
+
+
+def _ready(obj: Mapping[str, Any]) -> tuple[str, int]:
+    """A Node's Ready status and the time of its last heartbeat (seconds since the epoch)."""
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == "Ready":
+            beat = calendar.timegm(time.strptime(c["lastHeartbeatTime"], "%Y-%m-%dT%H:%M:%SZ"))
+            return c["status"], beat
+    return "", 0
+
+
+# --- `python -m devtools.nodes up` ------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.nodes", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the nodes and the control plane, print the kubeconfig, stop on Ctrl-C")
+    up.add_argument("--nodes", type=int, default=3)
+    args = parser.parse_args(argv)
+    stopping = threading.Event()
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, lambda *_: stopping.set())
+    cluster = Cluster(args.nodes)
+    try:
+        cluster.start()
+        print(f"nodes {', '.join(cluster.names)} Ready in {cluster.startup_seconds:.1f}s", file=sys.stderr)
+        print(f"export KUBECONFIG={cluster.kubeconfig}", flush=True)
+        stopping.wait()
+        return 0
+    except ControlPlaneError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
