@@ -7,6 +7,8 @@ Entry points (each `python -m devtools.<name>`)
     local        `make run`: the webhook beside a local control plane, or the chart on real nodes
     compat       `make compat`: the e2e tier on every Kubernetes minor, and its table
     image        `make image`: the Dockerfile built with podman, stand-in bases from Debian's packages
+    faults       `make faults`: a replica or its node broken under slice-pod traffic, failover off and on;
+                 the fault tier's scenarios
     bench/       `make bench`, one module per part:
         cli          the parts and options, and the report's assembly
         __main__     `python -m devtools.bench`
@@ -45,4 +47,5 @@ What they are made of (the leaves)
     cluster      the S4000/S5000 test cluster, defined once
     fleet        Node objects shaped like kubelet's, thousands at a time
     attacks      hostile clients: what any pod that reaches the webhook's port can try
+    traffic      slice pods created at a rate through the API server, every outcome timed
 """

@@ -8,9 +8,9 @@ import time
 import pytest
 
 from devtools.attacks import Flood
+from devtools.traffic import LoopThread
 
 from .support import CORE, MEMORY, VGPU, apply, metric, pod, resources, stored
-from .traffic import LoopThread
 
 
 @pytest.fixture(scope="module")

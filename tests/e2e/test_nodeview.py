@@ -23,10 +23,11 @@ import pytest
 from devtools import fleet
 from devtools.controlplane import ControlPlane
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.traffic import LoopThread
 from tests.builders import make_pod, review_body
 
 from .support import MEMORY, VGPU, apply, metric, pod, wait_for
-from .traffic import Balancer, LoopThread
+from .traffic import Balancer
 
 #: Enough real-sized nodes that parsing them in one go would hold the event loop for a noticeable time.
 FLEET = 2500

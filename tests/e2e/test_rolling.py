@@ -14,10 +14,11 @@ import time
 import pytest
 
 from devtools.local import LocalWebhook
+from devtools.traffic import LoopThread, PodCreator
 from hami_mt_webhook.service import certs
 
 from .support import VGPU, metric, pod
-from .traffic import Balancer, LoopThread, PodCreator
+from .traffic import Balancer
 
 RATE = 20  # pods per second
 SECONDS = 45

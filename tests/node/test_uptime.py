@@ -22,9 +22,9 @@ import pytest
 
 from devtools import local
 from devtools.nodes import Cluster
+from devtools.traffic import LoopThread, PodCreator, creating
 from hami_mt_webhook.service import certs
 from tests.e2e.support import VGPU, WHOLE, pod
-from tests.e2e.traffic import LoopThread, PodCreator, creating
 
 from .conftest import MEASURED, NAMESPACE
 

@@ -21,8 +21,8 @@ from devtools import local
 from devtools.binaries import ControlPlaneError
 from devtools.node import ZONE_LABEL, process_state
 from devtools.nodes import Cluster
+from devtools.traffic import LoopThread, creating
 from tests.e2e.support import until
-from tests.e2e.traffic import LoopThread, creating
 
 from ..conftest import MEASURED, NAMESPACE
 

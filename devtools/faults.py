@@ -1,0 +1,288 @@
+"""What a broken replica costs: slice pods created at 20 a second while one replica or its node fails.
+
+kube-apiserver calls a webhook once and never retries, so every call it sends to a replica that cannot
+answer is a refused pod creation. Each fault here is done to the replica on one node of a `nodes.Cluster`
+(one replica per node, the chart installed) while `traffic.creating` sends slice pods, and every
+creation's outcome is kept: how many were refused, over how long a window, and when the API server's
+view of the endpoint changed (the EndpointSlice, polled every 0.2 s). The node tier's fault tests hold
+the figures to targets (`tests/node/faults`); `python -m devtools.faults` measures every fault with
+failover off and then on, on one cluster in one run, and prints the table docs/PERFORMANCE.md keeps.
+
+    python -m devtools.faults [--version newest|floor|1.MINOR] [--faults crash,hang,...] [--only on|off]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from devtools import local
+from devtools.nodes import Cluster
+from devtools.traffic import LoopThread, Outcome, creating
+
+__all__ = ["FAULTS", "Count", "Fault", "Faults", "main"]
+
+RATE = 20  # slice pods per second
+#: Seconds of traffic before the fault, so the figures start from a steady state.
+LEAD = 3.0
+NAMESPACE = local.NAMESPACE
+SERVICE = local.RELEASE
+CONDITION = "hami-mt.mthreads.com/answering"
+
+
+@dataclass
+class Count:
+    """One fault's figures: creations sent and refused, and when (seconds from the fault)."""
+
+    fault: str
+    sent: int
+    refused: int
+    #: Seconds from the first refused creation to the last (0 for one, None for none).
+    window: float | None
+    #: Seconds from the fault to the victim's endpoint not ready in the EndpointSlice (None: it never left).
+    left_endpoints: float | None
+    #: How the refusals read, counted: the API server's error, shortened.
+    errors: Counter[str] = field(default_factory=Counter)
+
+    def line(self) -> str:
+        window = "" if self.window is None else f" over {self.window:.1f} s"
+        left = "never" if self.left_endpoints is None else f"{self.left_endpoints:.1f} s"
+        kinds = "; ".join(f"{n}x {k}" for k, n in self.errors.most_common(2))
+        return (f"{self.fault}: {self.refused} of {self.sent} refused{window}; endpoint not ready after {left}"
+                + (f" ({kinds})" if kinds else ""))
+
+
+def count(fault: str, outcomes: list[Outcome], at: float, left: float | None) -> Count:
+    refused = sorted((o for o in outcomes if o.status != 201), key=lambda o: o.sent)
+    window = refused[-1].sent - refused[0].sent if refused else None
+    errors: Counter[str] = Counter(_kind(o) for o in refused)
+    return Count(fault, len(outcomes), len(refused), window, None if left is None else left - at, errors)
+
+
+def _kind(o: Outcome) -> str:
+    for words in ("context deadline exceeded", "connection refused", "no route to host", "i/o timeout",
+                  "connection reset", "no endpoints available", "EOF"):
+        if words in o.detail:
+            return words
+    return f"HTTP {o.status}" if o.status else o.detail[:60]
+
+
+class EndpointWatch:
+    """The Service's EndpointSlices polled every 0.2 s: when each address was last seen ready."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.changes: list[tuple[float, dict[str, bool]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True, name="endpoint watch")
+
+    def __enter__(self) -> EndpointWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            out = self.cluster.kubectl("get", "endpointslices", "-n", NAMESPACE, "-l",
+                                       f"kubernetes.io/service-name={SERVICE}", "-o", "json", check=False).stdout
+            with contextlib.suppress(ValueError, KeyError):
+                ready = {e["addresses"][0]: bool(e.get("conditions", {}).get("ready"))
+                         for s in json.loads(out)["items"] for e in s.get("endpoints") or []}
+                if not self.changes or self.changes[-1][1] != ready:
+                    self.changes.append((time.time(), ready))
+            self._stop.wait(0.2)
+
+    def left(self, ip: str, after: float) -> float | None:
+        """When `ip` was first seen not ready (or gone) after `after`."""
+        return next((t for t, ready in self.changes if t >= after and not ready.get(ip, False)), None)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A fault done to the replica `victim` (a pod) on `node`: `act` runs once traffic is steady and returns
+    when the fault is over (or has been done, for one that heals by itself); `seconds` of traffic in all."""
+
+    name: str
+    seconds: float
+    act: Callable[[Cluster, str, str], None]
+
+
+def _freeze(cluster: Cluster, pod: str, _node: str) -> None:
+    cluster.freeze_pod(NAMESPACE, pod)
+    time.sleep(20)
+    cluster.thaw_pod(NAMESPACE, pod)
+
+
+def _revive_later(cluster: Cluster, _pod: str, node: str) -> None:
+    cluster.revive_node(node)
+
+
+#: Each fault as the issue lists them; `node back` follows `node killed`.
+FAULTS = {
+    "crash": Fault("crash (SIGKILL)", 20, lambda c, p, _n: c.kill_pod(NAMESPACE, p)),
+    "oom": Fault("OOM kill under the memory limit", 25, lambda c, p, _n: c.oom_kill_pod(NAMESPACE, p) and None),
+    "hang": Fault("hang (SIGSTOP 20 s)", 30, _freeze),
+    "cut": Fault("network cut 30 s", 40, lambda c, p, _n: c.cut_pod(NAMESPACE, p, seconds=30)),
+    "kubelet": Fault("kubelet restarted", 20, lambda c, _p, n: c.restart_kubelet(n)),
+    "containerd": Fault("containerd restarted", 20, lambda c, _p, n: c.restart_containerd(n)),
+    "node": Fault("node killed", 30, lambda c, _p, n: c.kill_node(n)),
+    "back": Fault("node back", 40, _revive_later),
+}
+
+
+class Faults:
+    """The chart on a cluster of 3 nodes, one replica each, and the faults measured on it."""
+
+    def __init__(self, cluster: Cluster, lt: LoopThread) -> None:
+        self.cluster, self.lt = cluster, lt
+        self._runs = 0
+
+    def replicas(self) -> list[dict[str, Any]]:
+        out = self.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
+                                   "-o", "json").stdout
+        return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+
+    def victim(self, node: str) -> dict[str, Any]:
+        (pod,) = [p for p in self.replicas() if p["spec"].get("nodeName") == node]
+        return pod
+
+    def settled(self, timeout: float = 180.0) -> None:
+        """Every replica Ready (its gate True where it has one) and the EndpointSlice saying so: the state each
+        fault starts from."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pods = self.replicas()
+            ready = [p for p in pods if all(c["status"] == "True" for c in p["status"].get("conditions", [])
+                                            if c["type"] in ("Ready", CONDITION))
+                     and any(c["type"] == "Ready" for c in p["status"].get("conditions", []))]
+            if len(ready) == local.REPLICAS == len(pods):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the replicas did not settle: {[p['metadata']['name'] for p in ready]} Ready")
+            time.sleep(0.5)
+
+    def measure(self, key: str, node: str) -> Count:
+        """`FAULTS[key]` done to the replica on `node` under traffic; the replicas settled before and after."""
+        fault = FAULTS[key]
+        if key != "back":
+            self.settled()
+        victim = self.victim(node)
+        ip = victim["status"].get("podIP", "")
+        self._runs += 1
+        with EndpointWatch(self.cluster) as endpoints, \
+                creating(self.cluster.controlplane, self.lt, f"faults-{self._runs}-{key}", RATE,
+                         fault.seconds) as creator:
+            time.sleep(LEAD)
+            at = time.time()
+            fault.act(self.cluster, victim["metadata"]["name"], node)
+        result = count(fault.name, creator.outcomes, at, endpoints.left(ip, at))
+        if key != "node":
+            self.settled()
+        return result
+
+    def deployment(self, name: str, fault: Callable[[], None] | None = None, replicas: int = 100,
+                   timeout: float = 300.0) -> float:
+        """Seconds from creating a Deployment of `replicas` slice pods (with `fault` done at that moment) to
+        all its pods existing: the ReplicaSet controller retries the creations refused meanwhile."""
+        ns = f"deploy-{name}"
+        self.cluster.kubectl("create", "namespace", ns)
+        deployment = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": ns},
+                      "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                               "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                                   "containers": [{"name": "main", "image": "example.invalid/train",
+                                                   "resources": {"limits": {"mthreads.com/vgpu": "1"}}}]}}}}
+        started = time.monotonic()
+        self.cluster.kubectl("create", "-f", "-", input=json.dumps(deployment))
+        if fault is not None:
+            fault()
+        try:
+            while True:
+                out = self.cluster.kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout
+                if len(out.split()) >= replicas:
+                    return time.monotonic() - started
+                if time.monotonic() - started > timeout:
+                    raise RuntimeError(f"{len(out.split())} of {replicas} pods after {timeout:.0f} s")
+                time.sleep(0.2)
+        finally:
+            self.cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+
+
+@contextlib.contextmanager
+def cluster_with_chart(version: str | None, values: tuple[str, ...] = ()) -> Iterator[Cluster]:
+    """3 nodes (the third labelled as a GPU node, as the vendor's device plugin labels them) and the chart
+    installed with `values`, its replicas one per node."""
+    cluster = Cluster(3, version=version, labels=[{}, {}, {"mthreads.com/gpu-node": "true"}])
+    try:
+        cluster.start()
+        local.install_chart_on_node(cluster, values=values)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def table(rows: dict[str, dict[str, Count]]) -> list[str]:
+    """Markdown: each fault's refused creations (and window) with failover off and on."""
+    modes = sorted({m for r in rows.values() for m in r}, reverse=True)
+    out = ["| fault | " + " | ".join(f"failover {m}: refused (window; endpoint out after)" for m in modes) + " |",
+           "|---|" + "---|" * len(modes)]
+    for key, by_mode in rows.items():
+        cells = []
+        for m in modes:
+            c = by_mode.get(m)
+            if c is None:
+                cells.append("")
+                continue
+            window = "" if c.window is None else f"{c.window:.1f} s"
+            left = "stays" if c.left_endpoints is None else f"{c.left_endpoints:.1f} s"
+            cells.append(f"{c.refused} of {c.sent} ({window or '-'}; {left})")
+        out.append(f"| {FAULTS[key].name} | " + " | ".join(cells) + " |")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.faults", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", default=None, help="Kubernetes version (newest, floor, 1.MINOR)")
+    parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
+    parser.add_argument("--only", choices=("on", "off"), help="failover on or off only")
+    args = parser.parse_args(argv)
+    keys = [k for k in args.faults.split(",") if k]
+    unknown = [k for k in keys if k not in FAULTS]
+    if unknown:
+        parser.error(f"--faults: unknown {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    rows: dict[str, dict[str, Count]] = {k: {} for k in keys}
+    modes = [args.only] if args.only else ["off", "on"]
+    lt = LoopThread()
+    try:
+        with cluster_with_chart(args.version, (f"failover.enabled={modes[0] == 'on'}".lower(),)) as cluster:
+            print(f"Kubernetes {cluster.controlplane.git_version}, 3 nodes, {RATE} slice pods/s", flush=True)
+            faults = Faults(cluster, lt)
+            for i, mode in enumerate(modes):
+                if i:
+                    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE,
+                               "--reuse-values", "--set", f"failover.enabled={mode == 'on'}".lower(), "--wait")
+                for key in keys:
+                    node = cluster.names[-1]
+                    result = faults.measure(key, node)
+                    rows[key][mode] = result
+                    print(f"failover {mode}: {result.line()}", flush=True)
+                    if key == "node" and "back" not in keys:
+                        cluster.revive_node(node)
+        print("\n".join(table(rows)))
+    finally:
+        lt.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""The fault tier: three real nodes, the chart's replicas one per node, a replica or its node broken while
+slice pods are created at 20 a second (`devtools.faults`).
+
+It needs what the node tier needs (root, `make node-tools`, the image) and about ten minutes, so it runs
+only when asked: `pytest -m faults` (`make test-faults`, `KUBE_VERSION` as for the other tiers). What it
+measured is printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devtools.binaries import ControlPlaneError
+from devtools.faults import Faults, cluster_with_chart
+from devtools.nodes import Cluster
+from devtools.traffic import LoopThread
+from tests.tiers import only_when_selected
+
+FAULTS_DIR = Path(__file__).resolve().parent
+#: Lines for the summary at the end of the run.
+MEASURED: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only_when_selected(config, items, "faults", FAULTS_DIR)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if MEASURED:
+        terminalreporter.section("fault tier: measured")
+        for line in MEASURED:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    try:
+        with cluster_with_chart(os.environ.get("HAMI_MT_KUBE_VERSION")) as c:
+            MEASURED.append(f"Kubernetes {c.controlplane.git_version}: 3 nodes Ready {c.startup_seconds:.0f} s "
+                            "after the start, the chart's replicas one per node")
+            yield c
+    except (ControlPlaneError, RuntimeError) as e:
+        pytest.fail(f"the cluster did not start:\n{e}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def faults(cluster: Cluster) -> Iterator[Faults]:
+    lt = LoopThread()
+    try:
+        yield Faults(cluster, lt)
+    finally:
+        lt.close()
