@@ -21,8 +21,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import errno
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,7 +97,10 @@ class Peers:
         self._heard: dict[str, float] = {}  # name -> monotonic time last heard (or first asked)
         self._streak: dict[str, float] = {}  # name -> monotonic time its current run of answers began
         self._views: dict[str, View] = {}
+        self._refused: set[str] = set()  # the peers whose last probe was refused
         self._in_flight: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[None]] = set()  # probes and writes, held until done (the loop holds
+        self._writing: set[str] = set()  # weak references only); the replicas whose verdict is being written
         self._written: dict[str, tuple[bool, float]] = {}  # name -> what this replica last wrote, and when
         self._api: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -121,13 +126,23 @@ class Peers:
         logger.info("failover on: probing the other replicas every %.2f s; one not heard for %.2f s by most "
                     "of them is taken out of the Service", self.interval, self.timing.silent_after)
         try:
+            last = time.monotonic()
             while True:
                 started = time.monotonic()
+                stalled = started - last - self.interval
+                if stalled > self.timeout:
+                    # This replica's own loop was held up (a CPU-starved node, a long collection): what it
+                    # did not hear meanwhile says nothing of the others, so the stall is not counted.
+                    for name, heard in self._heard.items():
+                        self._heard[name] = min(started, heard + stalled)
+                last = started
                 self._probe_all()
-                await self._decide()
+                self._decide()
                 await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
         finally:
             watching.cancel()
+            for task in list(self._tasks):
+                task.cancel()
             await self._http.close()
             if self._api is not None:
                 await self._api.close()
@@ -149,11 +164,12 @@ class Peers:
             if name not in peers:
                 for known in (self._heard, self._streak, self._views, self._in_flight, self._written):
                     known.pop(name, None)
+                self._refused.discard(name)
         for name, r in peers.items():
             self._heard.setdefault(name, now)
             if self._in_flight.get(name, 0) < IN_FLIGHT:
                 self._in_flight[name] = self._in_flight.get(name, 0) + 1
-                asyncio.create_task(self._probe(name, r.ip), name=f"probe {name}")
+                self._spawn(self._probe(name, r.ip), f"probe {name}")
 
     async def _probe(self, name: str, ip: str) -> None:
         assert self._http is not None
@@ -167,8 +183,11 @@ class Peers:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
             self._views.pop(name, None)
             self._streak.pop(name, None)
+            if isinstance(err, aiohttp.ClientConnectorError) and err.os_error.errno == errno.ECONNREFUSED:
+                self._refused.add(name)
             logger.debug("peer %s (%s) did not answer: %s", name, ip, type(err).__name__)
         else:
+            self._refused.discard(name)
             if name in self._heard:
                 now = time.monotonic()
                 self._heard[name] = now
@@ -178,7 +197,12 @@ class Peers:
             if name in self._in_flight:
                 self._in_flight[name] -= 1
 
-    async def _decide(self) -> None:
+    def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _decide(self) -> None:
         replicas = self.feed.replicas
         if self.feed.synced_at is None:
             return
@@ -186,7 +210,8 @@ class Peers:
         heard = {name: now - t for name, t in self._heard.items()}
         answering = {name: now - t for name, t in self._streak.items()}
         own = replicas.get(self.me)
-        verdicts = {v.name: v for v in judge(self.me, replicas, heard, answering, self._views, self.timing)}
+        verdicts = {v.name: v for v in judge(self.me, replicas, heard, answering, self._views, self.timing,
+                                                self._refused)}
         if not self.vouched and own is not None and self.state.view.ready and self.state.serving:
             if own.answering is True:
                 self.vouched = True
@@ -194,17 +219,28 @@ class Peers:
                 verdicts[self.me] = Verdict(self.me, True, 1, len(replicas), "started and ready to answer")
         for verdict in verdicts.values():
             written = self._written.get(verdict.name)
-            if written is not None and written[0] is verdict.answering and now - written[1] < ECHO_SECONDS:
-                continue  # written just now, not yet seen back through the watch
-            if await self._write(verdict, replicas[verdict.name]) and verdict.name == self.me:
-                self.vouched = True
+            if verdict.name in self._writing or (written is not None and written[0] is verdict.answering
+                                                 and now - written[1] < ECHO_SECONDS):
+                continue  # being written, or written just now and not yet seen back through the watch
+            # Written beside the loop: a slow API server must not stop the probes (a replica that asks
+            # nobody would soon hear nobody, and say so to the others).
+            self._writing.add(verdict.name)
+            self._spawn(self._write(verdict, replicas[verdict.name]), f"verdict on {verdict.name}")
         split = disputed(self.me, replicas, heard, self._views, self.timing)
         self.state.metrics.peers_seen(answering=sum(1 for s in heard.values() if s < self.timing.silent_after),
                                       silent=sum(1 for s in heard.values() if s >= self.timing.silent_after),
                                       disputed=len(split))
 
-    async def _write(self, verdict: Verdict, target: Replica) -> bool:
-        """The verdict onto the pod's status; False if the API server could not be reached."""
+    async def _write(self, verdict: Verdict, target: Replica) -> None:
+        """The verdict onto the pod's status (logged and counted), or a warning if the API server could not
+        take it: the next round tries again."""
+        try:
+            if await self._patch(verdict, target) and verdict.name == self.me:
+                self.vouched = True
+        finally:
+            self._writing.discard(verdict.name)
+
+    async def _patch(self, verdict: Verdict, target: Replica) -> bool:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         reason = "PeersHearIt" if verdict.answering else "PeersDoNotHearIt"
         message = (f"{verdict.reason}; {verdict.agreed} of {verdict.of} replicas agree "

@@ -16,7 +16,7 @@ answering again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -102,12 +102,15 @@ class Verdict:
 
 
 def judge(me: str, replicas: Mapping[str, Replica], heard: Mapping[str, float],
-          answering_since: Mapping[str, float], views: Mapping[str, View], timing: Timing) -> list[Verdict]:
+          answering_since: Mapping[str, float], views: Mapping[str, View], timing: Timing,
+          refused: Collection[str] = ()) -> list[Verdict]:
     """The verdicts this replica should write now.
 
     `heard` is the seconds since this replica last heard each peer it probes (or since it began to probe
     one it has not heard yet); `answering_since` the seconds each has answered without a gap; `views` the
     latest view of each peer that answered (a silent peer's view is dropped, so it does not count).
+    `refused` are the peers whose last probe was refused: their host's kernel answered that nothing listens
+    (a crash, an OOM kill), which a replica cut off could never be told, so one replica's word is enough.
     """
     members = {name: r for name, r in replicas.items() if not r.deleting}
     verdicts: list[Verdict] = []
@@ -119,7 +122,9 @@ def judge(me: str, replicas: Mapping[str, Replica], heard: Mapping[str, float],
         silent_for = heard.get(name)
         if name == me or silent_for is None:
             continue
-        if r.answering is True and silent_for >= timing.silent_after:
+        if r.answering is True and name in refused and _serving(members, but=name):
+            verdicts.append(Verdict(name, False, 1, len(members), "refuses connections: nothing listens"))
+        elif r.answering is True and silent_for >= timing.silent_after:
             agreed = _agreeing(me, name, members, views, silent=True)
             if 2 * agreed > len(members) and _serving(members, but=name):
                 verdicts.append(Verdict(name, False, agreed, len(members), f"not heard for {silent_for:.1f} s"))

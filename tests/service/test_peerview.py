@@ -111,3 +111,12 @@ def test_a_view_survives_its_wire_form_and_refuses_garbage() -> None:
             View.from_json(bad)
     odd = View.from_json({"name": "x", "heard": {"b": "soon"}, "silent": "c"})
     assert odd == View("x", {}, frozenset())
+
+
+def test_a_refused_connection_is_enough_alone_but_never_for_the_last_ready_replica() -> None:
+    """Its host's kernel said nothing listens: a replica cut off could not have been told that."""
+    rs = members("a", "b", "c")
+    verdicts = judge("a", rs, {"b": 0.1, "c": 0.2}, {}, {"b": view("b", {"c": 0.1})}, T, refused={"c"})
+    assert [(v.name, v.answering, v.agreed) for v in verdicts] == [("c", False, 1)]
+    alone = {"a": Replica("a", "10.244.0.10", ready=False, answering=False), "c": rs["c"]}
+    assert judge("a", alone, {"c": 0.2}, {}, {}, T, refused={"c"}) == []
