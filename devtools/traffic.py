@@ -102,7 +102,7 @@ class PodCreator:
             async with session.post(url, data=json.dumps(self.manifest(i)),
                                     headers={"Content-Type": "application/json"},
                                     timeout=aiohttp.ClientTimeout(total=30)) as r:
-                status, detail = r.status, "" if r.status == 201 else (await r.text())[:300]
+                status, detail = r.status, "" if r.status == 201 else (await r.text())[:1000]
         except (aiohttp.ClientError, TimeoutError) as err:
             status, detail = 0, repr(err)
         self.outcomes.append(Outcome(i, sent, time.time() - sent, status, detail))
