@@ -22,6 +22,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from devtools import local
@@ -136,7 +137,8 @@ FAULTS = {
     "cut": Fault("network cut 30 s", 40, lambda c, p, _n: c.cut_pod(NAMESPACE, p, seconds=30)),
     "kubelet": Fault("kubelet restarted", 20, lambda c, _p, n: c.restart_kubelet(n)),
     "containerd": Fault("containerd restarted", 20, lambda c, _p, n: c.restart_containerd(n)),
-    "node": Fault("node killed", 30, lambda c, _p, n: c.kill_node(n)),
+    # long enough for the node controller to act without failover (its grace period is 40 s on 1.30, 50 s from 1.32)
+    "node": Fault("node killed", 60, lambda c, _p, n: c.kill_node(n)),
     "back": Fault("node back", 40, _revive_later),
 }
 
@@ -255,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=None, help="Kubernetes version (newest, floor, 1.MINOR)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
     parser.add_argument("--only", choices=("on", "off"), help="failover on or off only")
+    parser.add_argument("--no-deployment", dest="deployment", action="store_false",
+                        help="leave out the Deployment of 100 slice pods created as a node is killed")
     args = parser.parse_args(argv)
     keys = [k for k in args.faults.split(",") if k]
     unknown = [k for k in keys if k not in FAULTS]
@@ -278,6 +282,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"failover {mode}: {result.line()}", flush=True)
                     if key == "node" and "back" not in keys:
                         cluster.revive_node(node)
+                if args.deployment:
+                    faults.settled()
+                    calm = faults.deployment(f"calm-{mode}")
+                    node = cluster.names[-1]
+                    try:
+                        killed = faults.deployment(f"killed-{mode}", fault=partial(cluster.kill_node, node))
+                    finally:
+                        cluster.revive_node(node)
+                    print(f"failover {mode}: Deployment of 100 slice pods whole {calm:.1f} s after it was "
+                          f"created, {killed:.1f} s with a node killed at that moment", flush=True)
         print("\n".join(table(rows)))
     finally:
         lt.close()

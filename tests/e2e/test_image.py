@@ -63,8 +63,10 @@ def port_of(container: dict[str, Any], name: str) -> int:
     return int(next(p["containerPort"] for p in container["ports"] if p["name"] == name))
 
 
-def podman_args(spec: dict[str, Any], mounts: dict[str, Path], env: dict[str, str], cgroup: str) -> list[str]:
-    """`podman run` flags that give the container what the pod spec gives it on a kubelet."""
+def podman_args(spec: dict[str, Any], mounts: dict[str, Path], env: dict[str, str], cgroup: str,
+                downward: dict[str, str]) -> list[str]:
+    """`podman run` flags that give the container what the pod spec gives it on a kubelet; `downward` is what
+    the downward API gives for each field the environment names (`metadata.name`, ...)."""
     (container,) = spec["containers"]
     sc, pod_sc = container["securityContext"], spec["securityContext"]
     args = ["--network", "host", "--cgroup-parent", cgroup,
@@ -85,7 +87,9 @@ def podman_args(spec: dict[str, Any], mounts: dict[str, Path], env: dict[str, st
             ro = ":ro" if mount.get("readOnly") else ""
             args += ["--volume", f"{mounts[mount['name']]}:{mount['mountPath']}{ro}"]
     args += ["--volume", f"{mounts['serviceaccount']}:{SA_DIR}:ro"]
-    for k, v in {**{e["name"]: e["value"] for e in container.get("env", [])}, **env}.items():
+    given = {e["name"]: e["value"] if "value" in e else downward[e["valueFrom"]["fieldRef"]["fieldPath"]]
+             for e in container.get("env", [])}
+    for k, v in {**given, **env}.items():
         args += ["--env", f"{k}={v}"]
     return args
 
@@ -139,7 +143,8 @@ def test_the_image_runs_as_the_charts_deployment(built: str, cluster: ControlPla
 
     name = f"hami-mt-image-{uuid.uuid4().hex[:8]}"
     cgroup = f"{own_memory_cgroup().rstrip('/')}/{name}"
-    args = podman_args(spec, {"tls": tls, "serviceaccount": account}, env, cgroup)
+    args = podman_args(spec, {"tls": tls, "serviceaccount": account}, env, cgroup,
+                       {"metadata.name": name, "metadata.namespace": NAMESPACE})
     image.run("run", "--detach", "--name", name, *args, built)
     try:
         deadline = time.monotonic() + 60

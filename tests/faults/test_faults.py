@@ -9,6 +9,8 @@ replica of the third node (the one labelled as a GPU node): the node is killed l
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 from devtools.faults import FAULTS, Faults
@@ -38,7 +40,7 @@ def test_a_deployment_created_as_a_node_dies_is_whole_soon_after(cluster: Cluste
     calm = faults.deployment("calm")
     node = cluster.names[-1]
     try:
-        killed = faults.deployment("node-killed", fault=lambda: cluster.kill_node(node))
+        killed = faults.deployment("node-killed", fault=partial(cluster.kill_node, node))
     finally:
         cluster.revive_node(node)
     MEASURED.append(f"Deployment of 100 slice pods: all created {calm:.1f} s after it was, {killed:.1f} s with a "
