@@ -151,7 +151,7 @@ SERVE = (
                 "(needs --pod-name and --pod-namespace)", unset="off"),
         Setting("--pod-name", None, "this replica's pod, from the downward API", unset="none"),
         Setting("--pod-namespace", None, "this replica's namespace, from the downward API", unset="none"),
-        Setting("--peer-interval", 0.25, "seconds between probes of each other replica"),
+        Setting("--peer-interval", 0.1, "seconds between probes of each other replica"),
         Setting("--peer-timeout", 0.5, "seconds a probe may take"),
         Setting("--peer-silent-after", 0.75, "seconds without an answer after which a replica is silent"),
         Setting("--peer-recover-after", 1.0, "seconds of answers after which a silent replica is back"),

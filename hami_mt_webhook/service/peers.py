@@ -77,7 +77,7 @@ class Failover:
     me: str
     namespace: str
     selector: str
-    interval: float = 0.25
+    interval: float = 0.1
     timeout: float = 0.5
     timing: Timing = Timing()
 

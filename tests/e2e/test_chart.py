@@ -271,12 +271,17 @@ def test_values_switch_what_is_rendered(rendered: list[Doc]) -> None:
     ("avoidGpuNode.enabled=false", "additional properties 'avoidGpuNode' not allowed"),
     ("antiAffinity=preferred", "at '/antiAffinity'"),
     ("affinity.nodeAfinity.x=y", "additional properties 'nodeAfinity' not allowed"),
+    ("failover.interval=0", "at '/failover/interval'"),
+    ("failover.silentAfter=soon", "at '/failover/silentAfter'"),
+    ("failover.timeout=2", "failover.timeout 2 must not exceed failover.silentAfter 0.75"),
+    ("failover.enable=true", "additional properties 'enable' not allowed"),
 ])
 def test_a_bad_value_fails_where_it_enters_and_is_named(setting: str, named: str) -> None:
     """values.schema.json: helm refuses a bad value on template, install and upgrade, naming it."""
     bad = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
     assert bad.returncode != 0 and named in bad.stderr, bad.stderr
-    for good in ("memoryPerCard=96", "memoryPerCard={96,160}"):
+    # `--set` passes a decimal as text: failover's seconds take both
+    for good in ("memoryPerCard=96", "memoryPerCard={96,160}", "failover.silentAfter=1.5"):
         assert helm("template", RELEASE, str(CHART), "--set", good, check=False).returncode == 0
 
 

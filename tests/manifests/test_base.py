@@ -269,7 +269,7 @@ def test_deployment_container(docs: list[dict[str, Any]]) -> None:
         "--scheduler-name", "hami-scheduler", "--vgpu-resource", "mthreads.com/vgpu",
         "--memory-resource", "mthreads.com/sgpu-memory", "--core-resource", "mthreads.com/sgpu-core",
         "--whole-card-resources", "mthreads.com/gpu", "--memory-per-card", "96",
-        "--peer-selector", "app.kubernetes.io/name=hami-mt-webhook", "--peer-interval", "0.25",
+        "--peer-selector", "app.kubernetes.io/name=hami-mt-webhook", "--peer-interval", "0.1",
         "--peer-timeout", "0.5", "--peer-silent-after", "0.75", "--peer-recover-after", "1",
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
