@@ -1,12 +1,13 @@
 """What a broken replica costs: slice pods created at 20 a second while one replica or its node fails.
 
 kube-apiserver calls a webhook once and never retries, so every call it sends to a replica that cannot
-answer is a refused pod creation. Each fault here is done to the replica on one node of a `nodes.Cluster`
-(one replica per node, the chart installed) while `traffic.creating` sends slice pods, and every
-creation's outcome is kept: how many were refused, over how long a window, and when the API server's
-view of the endpoint changed (the EndpointSlice, polled every 0.2 s). The node tier's fault tests hold
-the figures to targets (`tests/node/faults`); `python -m devtools.faults` measures every fault with
-failover off and then on, on one cluster in one run, and prints the table docs/PERFORMANCE.md keeps.
+answer is a refused pod creation. Each fault here is done to one replica of a `nodes.Cluster` (one replica
+per node, the chart installed), the one the API server's connections go to (`Faults.busiest`), while
+`traffic.creating` sends slice pods, and every creation's outcome is kept: how many were refused, over how
+long a window, and when the API server's view of the endpoint changed (the EndpointSlice, polled every
+0.2 s). The fault tier holds the figures to targets (`tests/faults`); `python -m devtools.faults` measures
+every fault with failover off and then on, on one cluster in one run, and prints the table
+docs/PERFORMANCE.md keeps.
 
     python -m devtools.faults [--version newest|floor|1.MINOR] [--faults crash,hang,...] [--only on|off]
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import sys
 import threading
 import time
@@ -149,6 +151,8 @@ class Faults:
     def __init__(self, cluster: Cluster, lt: LoopThread) -> None:
         self.cluster, self.lt = cluster, lt
         self._runs = 0
+        #: The node `node killed` killed last: the one `node back` revives.
+        self.killed = ""
 
     def replicas(self) -> list[dict[str, Any]]:
         out = self.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
@@ -174,21 +178,38 @@ class Faults:
                 raise RuntimeError(f"the replicas did not settle: {[p['metadata']['name'] for p in ready]} Ready")
             time.sleep(0.5)
 
-    def measure(self, key: str, node: str) -> Count:
-        """`FAULTS[key]` done to the replica on `node` under traffic; the replicas settled before and after."""
+    def busiest(self) -> dict[str, Any]:
+        """The replica holding most of kube-apiserver's connections now. On 1.37 every call picks a ready
+        endpoint at random, so any replica takes a third of them; on 1.30 an endpoint is picked only when a
+        connection is dialled and kept-alive connections stay pinned to it, so one replica may take them all
+        and a fault elsewhere would cost nothing: the fault goes where the calls go."""
+        def connections(pod: dict[str, Any]) -> float:
+            text = self.cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/"
+                                        f"{pod['metadata']['name']}:9090/proxy/metrics", check=False).stdout
+            found = re.search(r"^hami_mt_webhook_connections (\S+)$", text, re.M)
+            return float(found.group(1)) if found else 0.0
+        return max(self.replicas(), key=connections)
+
+    def measure(self, key: str, node: str | None = None) -> Count:
+        """`FAULTS[key]` done under traffic to the replica on `node`, or by default to the one the API server's
+        connections go to (`busiest`; `node back` revives the node killed last); the replicas settled before
+        and after."""
         fault = FAULTS[key]
         if key != "back":
             self.settled()
-        victim = self.victim(node)
-        ip = victim["status"].get("podIP", "")
         self._runs += 1
         with EndpointWatch(self.cluster) as endpoints, \
                 creating(self.cluster.controlplane, self.lt, f"faults-{self._runs}-{key}", RATE,
                          fault.seconds) as creator:
             time.sleep(LEAD)
+            if node is None:
+                node = self.killed if key == "back" else self.busiest()["spec"]["nodeName"]
+            victim = self.victim(node)
             at = time.time()
             fault.act(self.cluster, victim["metadata"]["name"], node)
-        result = count(fault.name, creator.outcomes, at, endpoints.left(ip, at))
+        if key == "node":
+            self.killed = node
+        result = count(fault.name, creator.outcomes, at, endpoints.left(victim["status"].get("podIP", ""), at))
         if key != "node":
             self.settled()
         return result
@@ -276,12 +297,11 @@ def main(argv: list[str] | None = None) -> int:
                     local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE,
                                "--reuse-values", "--set", f"failover.enabled={mode == 'on'}".lower(), "--wait")
                 for key in keys:
-                    node = cluster.names[-1]
-                    result = faults.measure(key, node)
+                    result = faults.measure(key)
                     rows[key][mode] = result
                     print(f"failover {mode}: {result.line()}", flush=True)
                     if key == "node" and "back" not in keys:
-                        cluster.revive_node(node)
+                        cluster.revive_node(faults.killed)
                 if args.deployment:
                     faults.settled()
                     calm = faults.deployment(f"calm-{mode}")
