@@ -16,3 +16,11 @@ def only_when_selected(config: pytest.Config, items: list[pytest.Item], marker: 
     if marker not in (config.option.markexpr or ""):
         config.hook.pytest_deselected(items=ours)
         items[:] = [item for item in items if not item.path.is_relative_to(directory)]
+
+
+def report_measured(terminalreporter: pytest.TerminalReporter, tier: str, lines: list[str]) -> None:
+    """What a tier measured, as a section at the end of the run (nothing when it measured nothing)."""
+    if lines:
+        terminalreporter.section(f"{tier}: measured")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -54,9 +54,9 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
 
     nodes = nodewatch.node_watch(NodeFeed(state.view, state.config, state.metrics), login, node_watch,
                                  node_selector)
-    watcher = asyncio.create_task(_keep_watching(nodes), name="node watch")
+    watcher = asyncio.create_task(nodes.keep_running(), name="node watch")
     quotas = quotawatch.quota_watch(state.quotas, state.config, login, node_watch)
-    quota_watcher = asyncio.create_task(_keep_watching(quotas), name="quota watch")
+    quota_watcher = asyncio.create_task(quotas.keep_running(), name="quota watch")
     tasks = [watcher, quota_watcher]
     health = health_app(state)
     if failover is not None:
@@ -81,16 +81,3 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
             task.cancel()
         for runner in runners:
             await runner.cleanup()
-
-
-async def _keep_watching(watch: nodewatch.Watch) -> None:
-    """The watch retries API errors itself; this restarts it after anything else, so the view never
-    freezes."""
-    while True:
-        try:
-            await watch.run()
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            logger.exception("the %s failed; restarting it in 1 s", watch.what)
-            await asyncio.sleep(1.0)

@@ -141,6 +141,17 @@ class Watch:
             await asyncio.sleep(delay * random.uniform(0.8, 1.2))
             delay = min(max(delay * 2, BACKOFF_START), BACKOFF_MAX)
 
+    async def keep_running(self) -> None:
+        """`run`, restarted after anything it does not retry itself, so the view never freezes."""
+        while True:
+            try:
+                await self.run()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("the %s failed; restarting it in 1 s", self.what)
+                await asyncio.sleep(1.0)
+
     async def _once(self, session: aiohttp.ClientSession, server: str) -> None:
         """One watch request, preceded by a paged list when the set must be built in list mode."""
         feed = self.feed

@@ -119,7 +119,7 @@ class Peers:
     # the loop -----------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        watching = asyncio.create_task(self._keep_watching(), name="peer watch")
+        watching = asyncio.create_task(self.watch.keep_running(), name="peer watch")
         self._http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=IN_FLIGHT, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=self.timeout), headers={"User-Agent": "hami-mt-webhook peers"})
@@ -146,16 +146,6 @@ class Peers:
             await self._http.close()
             if self._api is not None:
                 await self._api.close()
-
-    async def _keep_watching(self) -> None:
-        while True:
-            try:
-                await self.watch.run()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                logger.exception("the peer watch failed; restarting it in 1 s")
-                await asyncio.sleep(1.0)
 
     def _probe_all(self) -> None:
         now = time.monotonic()

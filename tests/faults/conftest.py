@@ -18,7 +18,7 @@ from devtools.binaries import ControlPlaneError
 from devtools.faults import Faults, cluster_with_chart
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread
-from tests.tiers import only_when_selected
+from tests.tiers import only_when_selected, report_measured
 
 FAULTS_DIR = Path(__file__).resolve().parent
 #: Lines for the summary at the end of the run.
@@ -30,10 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if MEASURED:
-        terminalreporter.section("fault tier: measured")
-        for line in MEASURED:
-            terminalreporter.write_line(line)
+    report_measured(terminalreporter, "fault tier", MEASURED)
 
 
 @pytest.fixture(scope="session")

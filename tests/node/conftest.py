@@ -17,7 +17,7 @@ import pytest
 from devtools import local
 from devtools.binaries import ControlPlaneError
 from devtools.nodes import Cluster
-from tests.tiers import only_when_selected
+from tests.tiers import only_when_selected, report_measured
 
 NODE_DIR = Path(__file__).resolve().parent
 NAMESPACE = local.NAMESPACE
@@ -30,10 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if MEASURED:
-        terminalreporter.section("node tier: measured")
-        for line in MEASURED:
-            terminalreporter.write_line(line)
+    report_measured(terminalreporter, "node tier", MEASURED)
 
 
 @pytest.fixture(scope="session")
