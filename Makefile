@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image \
+.PHONY: setup run test release release-image-tools release-test-tools test-release test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image \
 	image-tools node-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
@@ -140,13 +140,47 @@ hami-source:  # before anything is built: what to do when no HAMi tree is named
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)
 
-test: lint controlplane controlplane-floor prometheus node-tools  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault tier on the newest
+test: lint controlplane controlplane-floor prometheus node-tools release-test-tools release-tools  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault and release tiers on the newest
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 	$(PY) -m pytest -q -m node
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m node
 	$(PY) -m pytest -q -m faults
+	$(PY) -m pytest -q -m release
+
+# The release (devtools/release.py, README "Releases"): the image for linux/amd64 and linux/arm64 under one
+# index, the chart as an OCI artifact pinned to it by digest, cosign signatures and SBOM attestations made
+# with COSIGN_KEY (password in $$COSIGN_PASSWORD), and dist/, the offline bundle. Nothing else is contacted:
+# no transparency log, no public registry. PLAIN_HTTP=1 for a registry without TLS.
+REGISTRY ?=
+COSIGN_KEY ?=
+VERSION ?=
+PLAIN_HTTP ?= 0
+DIST ?= dist
+SOURCE ?=
+
+# skopeo (the index's digests, the offline archives): a Debian package
+release-tools:  ## cosign, syft and actionlint, built from their Go modules (cached outside the tree)
+	scripts/build-release-tools.sh >/dev/null
+
+release-image-tools:
+	$(call apt_packages,skopeo:/usr/bin/skopeo,Debian package; make release needs it)
+
+release: setup controlplane image-tools release-image-tools release-tools  ## make release REGISTRY=host[:port][/path] COSIGN_KEY=cosign.key [VERSION=x.y.z] [PLAIN_HTTP=1]
+	$(PY) -m devtools.release --registry '$(REGISTRY)' --key '$(COSIGN_KEY)' --dist '$(DIST)' --bases $(IMAGE_BASES) \
+	  $(if $(VERSION),--version '$(VERSION)') $(if $(filter 1,$(PLAIN_HTTP)),--plain-http) $(if $(SOURCE),--source '$(SOURCE)')
+
+# The release tier's own tools: a registry (Debian's docker-registry, run on a test address with a config of
+# its own; on a host booted with systemd the package also enables docker-registry.service on :5000:
+# `systemctl disable --now docker-registry` if unwanted) and qemu-user-static, which runs the arm64 image.
+release-test-tools: release-image-tools
+	$(call apt_packages,docker-registry:/usr/bin/docker-registry qemu-user-static:/usr/bin/qemu-aarch64-static,Debian packages; the release tier needs them)
+
+# The release tier (tests/release): make release to a registry inside the node tier's fabric, the chart
+# installed from it by digest on a real node, signatures, SBOMs, the offline bundle, arm64 under qemu.
+test-release: setup controlplane node-tools release-test-tools release-tools  ## the release installed as a cluster installs it (root)
+	$(PY) -m pytest -q -m release
 
 COMPAT_ARGS ?=
 

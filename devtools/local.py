@@ -94,18 +94,23 @@ def ready_replicas(node: Cluster) -> int:
     return int(out or 0)
 
 
-def install_chart_on_node(node: Cluster, timeout: float = 180.0, values: Sequence[str] = ()) -> float:
+def install_chart_on_node(node: Cluster, timeout: float = 180.0, values: Sequence[str] = (),
+                          chart: Sequence[str] | None = None) -> float:
     """The chart installed on real nodes as the README's Install section says, with its defaults (and
-    `values`, `key=value` for `--set`) and the built image: the namespace made and labelled, the tainted
-    example nodes, `helm install`, and the wait for its replicas Ready through their probes. One home for
-    the node tier and `make run NODE=1`/`NODES=3`; returns the seconds from `helm install` to Ready."""
+    `values`, `key=value` for `--set`): the namespace made and labelled, the tainted example nodes,
+    `helm install`, and the wait for its replicas Ready through their probes. One home for the node tier,
+    the release tier and `make run NODE=1`/`NODES=3`; returns the seconds from `helm install` to Ready.
+
+    `chart` is what `helm install` takes after the release name (e.g. `oci://…`, `--version`, `--plain-http`);
+    by default this tree's chart with the image built here."""
     node.kubectl("create", "namespace", NAMESPACE)
     node.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
                  "pod-security.kubernetes.io/enforce=restricted")
     apply_nodes(node.controlplane, tainted_example_nodes())
     started = time.monotonic()
-    helm(node.controlplane, "install", RELEASE, str(CHART), "-n", NAMESPACE,
-         "--set", f"image.repository={NODE_IMAGE_REPOSITORY}", *(a for v in values for a in ("--set", v)))
+    source = chart if chart is not None else [str(CHART), "--set", f"image.repository={NODE_IMAGE_REPOSITORY}"]
+    helm(node.controlplane, "install", RELEASE, *source, "-n", NAMESPACE,
+         *(a for v in values for a in ("--set", v)))
     while ready_replicas(node) != REPLICAS:
         if time.monotonic() > started + timeout:
             pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout

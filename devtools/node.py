@@ -566,7 +566,7 @@ oom_score = 0
     bin_dir = "{CNI_BIN}"
     conf_dir = "{workdir / 'cni' / 'net.d'}"
   [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = ""
+    config_path = "{d / 'certs.d'}"
 """
 
 

@@ -136,6 +136,15 @@ class Cluster:
             raise NodeError("the cluster has not been started")
         return self.fabric.run(*cmd, check=check, timeout=timeout)
 
+    def trust_registry(self, address: str) -> None:
+        """Every node's containerd pulls `address` (host:port) over plain HTTP, as a `hosts.toml` in its
+        registry config directory tells it (read at each pull: no restart)."""
+        for h in self.hosts:
+            hosts = h.workdir / "containerd" / "certs.d" / address / "hosts.toml"
+            hosts.parent.mkdir(parents=True, exist_ok=True)
+            hosts.write_text(f'server = "http://{address}"\n\n[host."http://{address}"]\n'
+                             '  capabilities = ["pull", "resolve"]\n')
+
     # lifecycle ---------------------------------------------------------------------------------------------
 
     def __enter__(self) -> Cluster:

@@ -1,0 +1,197 @@
+"""The release as a cluster takes it: installed from the registry by digest, verified by key, its SBOM and
+offline bundle, and the arm64 image run under qemu."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import subprocess
+import tarfile
+from typing import Any
+
+import yaml
+
+from devtools import image, local, oci, release
+from tests.release.conftest import MEASURED, Published
+
+SLICE_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slice"},
+             "spec": {"containers": [{"name": "main", "image": "example.invalid/train:1", "resources": {
+                 "limits": {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32",
+                            "mthreads.com/sgpu-core": "8"}}}]}}
+ROOT = release.REPO_ROOT
+
+
+def pods(p: Published) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = json.loads(
+        p.cluster.kubectl("get", "pods", "-n", local.NAMESPACE, "-o", "json").stdout)["items"]
+    return items
+
+
+def test_replicas_run_the_pushed_digest(installed: Published) -> None:
+    made = installed.made
+    running = [pod for pod in pods(installed) if pod["status"]["phase"] == "Running"]
+    assert len(running) == 3
+    want = f"{installed.registry.address}/{release.NAME}:{made['version']}@{made['index_digest']}"
+    for pod in running:
+        assert pod["spec"]["containers"][0]["image"] == want
+        status = pod["status"]["containerStatuses"][0]
+        assert status["ready"] is True
+        # the digest of what containerd resolved for this node's architecture, or the index that names it
+        assert status["imageID"].rsplit("@", 1)[1] in (made["digests"]["amd64"], made["index_digest"])
+    host = installed.cluster.host(installed.cluster.names[0])
+    listed = host.ctr("images", "ls").stdout
+    assert made["index_digest"] in listed
+    content = host.ctr("content", "ls").stdout
+    assert made["digests"]["amd64"] in content  # the amd64 image was fetched
+    assert made["digests"]["arm64"] not in content  # and only it
+
+
+def test_slice_pod_is_mutated_through_the_service(installed: Published) -> None:
+    c = installed.cluster
+    c.kubectl("create", "namespace", "team-release")
+    try:
+        pod = json.loads(c.kubectl("create", "-n", "team-release", "-f", "-", "-o", "json",
+                                   input=json.dumps(SLICE_POD)).stdout)
+        assert pod["spec"]["schedulerName"] == "hami-scheduler"
+        resources = pod["spec"]["containers"][0]["resources"]
+        assert resources["requests"] == resources["limits"]
+    finally:
+        c.kubectl("delete", "pod", "slice", "-n", "team-release", "--grace-period=0", "--force", check=False)
+        c.kubectl("delete", "namespace", "team-release", "--wait=false", check=False)
+
+
+def test_image_and_chart_verify_with_the_key(published: Published) -> None:
+    made = published.made
+    pub = published.dist / "cosign.pub"
+    for ref in (f"{published.registry.local}/{release.NAME}@{made['index_digest']}",
+                *(f"{published.registry.local}/{release.NAME}@{d}" for d in made["digests"].values()),
+                f"{made['chart']}@{made['chart_digest']}"):
+        done = published.cosign("verify", "--key", str(pub), "--insecure-ignore-tlog", ref)
+        payload = json.loads(done.stdout)
+        assert payload[0]["critical"]["image"]["docker-manifest-digest"] == ref.rsplit("@", 1)[1]
+
+
+def test_verification_fails_with_another_key(published: Published) -> None:
+    made = published.made
+    other = published.other_key.with_suffix(".pub")
+    ref = f"{published.registry.local}/{release.NAME}@{made['index_digest']}"
+    done = published.cosign("verify", "--key", str(other), "--insecure-ignore-tlog", ref, check=False)
+    assert done.returncode != 0
+    assert "no matching signatures" in done.stderr
+
+
+def test_an_image_pushed_later_under_the_tag_fails_verification(published: Published) -> None:
+    """Someone pushes another image under the release's tag: verifying the tag no longer passes."""
+    made = published.made
+    tag = f"{published.registry.local}/{release.NAME}:{made['version']}-retagged"
+    signed = f"{published.registry.local}/{release.NAME}:{made['version']}"
+    pub = str(published.dist / "cosign.pub")
+    published.cosign("verify", "--key", pub, "--insecure-ignore-tlog", signed)  # passes before
+    # the pause image, under a tag of the release's repository (a later tag, so the other tests are unaffected)
+    image.run("push", "--tls-verify=false", published.cluster.pause, f"docker://{tag}")
+    image.run("push", "--tls-verify=false", published.cluster.pause, f"docker://{signed}")
+    try:
+        done = published.cosign("verify", "--key", pub, "--insecure-ignore-tlog", signed, check=False)
+        assert done.returncode != 0
+        assert "no signatures found" in done.stderr or "no matching signatures" in done.stderr
+    finally:  # the release's tag back on its index, for whatever runs after
+        subprocess.run(["skopeo", "copy", "--all", "--preserve-digests", "--src-tls-verify=false",
+                        "--dest-tls-verify=false",
+                        f"docker://{published.registry.local}/{release.NAME}@{made['index_digest']}",
+                        f"docker://{signed}"], check=True, capture_output=True, timeout=300)
+
+
+def attested_sbom(published: Published, arch: str) -> dict[str, Any]:
+    ref = f"{published.registry.local}/{release.NAME}@{published.made['digests'][arch]}"
+    done = published.cosign("verify-attestation", "--key", str(published.dist / "cosign.pub"),
+                            "--insecure-ignore-tlog", "--type", "cyclonedx", ref)
+    envelope = json.loads(done.stdout.splitlines()[0])
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["subject"][0]["digest"]["sha256"] == published.made["digests"][arch].split(":")[1]
+    predicate: dict[str, Any] = statement["predicate"]
+    return predicate
+
+
+def locked_versions() -> dict[str, str]:
+    """Name → version of every runtime dependency pinned in pyproject.toml."""
+    import tomllib
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    return {d.split("==")[0].lower(): d.split("==")[1] for d in deps}
+
+
+def test_sbom_attestation_names_python_and_debian_packages(published: Published) -> None:
+    pins = locked_versions()
+    for arch in release.ARCHITECTURES:
+        sbom = attested_sbom(published, arch)
+        components = sbom["components"]
+        python = {c["name"].lower(): c["version"] for c in components if c.get("purl", "").startswith("pkg:pypi/")}
+        for name in ("kopf", "aiohttp", "cryptography", "orjson"):
+            assert python.get(name) == pins[name], (arch, name, python.get(name))
+        assert "kubernetes" not in python  # doctor's extra, not in the image
+        assert "pip" not in python and "setuptools" not in python
+        debian = {c["name"]: c["version"] for c in components if c.get("purl", "").startswith("pkg:deb/debian/")}
+        python311 = {n: v for n, v in debian.items() if n.startswith("python3.11")}
+        assert python311 and all(v.startswith("3.11.") for v in python311.values()), (arch, python311)
+        assert all(f"arch={arch}" in c["purl"] for c in components if c.get("purl", "").startswith("pkg:deb/")
+                   and "arch=all" not in c["purl"])
+        MEASURED.append(f"SBOM linux/{arch}: {len(python)} Python packages, {len(debian)} Debian packages")
+
+
+def test_offline_bundle(published: Published) -> None:
+    dist, made = published.dist, published.made
+    sums = (dist / "SHA256SUMS").read_text().splitlines()
+    listed = {line.split("  ", 1)[1]: line.split("  ", 1)[0] for line in sums}
+    assert sorted(listed) == sorted(made["files"])
+    for name, digest in listed.items():
+        assert hashlib.sha256((dist / name).read_bytes()).hexdigest() == digest, name
+    published.cosign("verify-blob", "--key", str(dist / "cosign.pub"), "--insecure-ignore-tlog",
+                     "--signature", str(dist / "SHA256SUMS.sig"), str(dist / "SHA256SUMS"))
+    tampered = dist.parent / "SHA256SUMS.tampered"
+    tampered.write_text("".join(line + "\n" for line in sums[1:]))
+    assert published.cosign("verify-blob", "--key", str(dist / "cosign.pub"), "--insecure-ignore-tlog",
+                            "--signature", str(dist / "SHA256SUMS.sig"), str(tampered), check=False).returncode != 0
+    for arch, digest in made["digests"].items():
+        archive = dist / f"{release.NAME}-{made['version']}-linux-{arch}.oci.tar"
+        assert release.archive_digest(archive) == digest
+    with tarfile.open(dist / f"{release.NAME}-{made['version']}.tgz") as tar:
+        member = tar.extractfile(f"{release.NAME}/values.yaml")
+        assert member is not None
+        values = yaml.safe_load(member)
+        member = tar.extractfile(f"{release.NAME}/Chart.yaml")
+        assert member is not None
+        chart = yaml.safe_load(member)
+    assert values["image"]["digest"] == made["index_digest"]
+    assert values["image"]["registry"] == published.registry.local
+    assert chart["version"] == chart["appVersion"] == made["version"]
+    notes = (dist / "RELEASE-NOTES.md").read_text()
+    assert made["index_digest"] in notes and made["chart_digest"] in notes
+    assert "cosign verify --key cosign.pub" in notes
+
+
+def test_arm64_image_reviews_examples_as_amd64_does(published: Published) -> None:
+    """The arm64 image, run under qemu, gives the amd64 image's answers on the examples, its rules compiled."""
+    made = published.made
+    examples = sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.name != "nodes.yaml")
+    assert examples
+    outputs = {}
+    for arch in release.ARCHITECTURES:
+        archive = published.dist / f"{release.NAME}-{made['version']}-linux-{arch}.oci.tar"
+        outputs[arch] = oci.review_in_archive(archive, arch, examples, ROOT / "examples" / "nodes.yaml")
+    assert outputs["amd64"].exit_code == outputs["arm64"].exit_code == 1  # the examples include denials
+    answers = {arch: [json.loads(line) for line in out.review.splitlines()] for arch, out in outputs.items()}
+    assert answers["arm64"] == answers["amd64"]
+    assert len(answers["amd64"]) >= len(examples)
+    assert {a["allowed"] for a in answers["amd64"]} == {True, False}
+    assert outputs["arm64"].compiled and outputs["amd64"].compiled
+    assert outputs["arm64"].machine == "aarch64" and outputs["amd64"].machine == "x86_64"
+    MEASURED.append(f"arm64 review of {len(examples)} examples under qemu: {outputs['arm64'].seconds:.1f} s "
+                    f"(amd64 {outputs['amd64'].seconds:.1f} s), compiled rules: {outputs['arm64'].compiled}")
+
+
+def test_sizes_within_target(published: Published) -> None:
+    sizes = published.made["sizes_mb"]
+    assert sizes["amd64"] <= 150, sizes
+    assert sizes["arm64"] <= 150, sizes
+
+
