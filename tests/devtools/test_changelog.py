@@ -51,7 +51,8 @@ def test_unreleased_is_a_section() -> None:
 
 
 def test_a_version_without_a_section_names_the_versions_there_are() -> None:
-    with pytest.raises(changelog.ChangelogError, match=r"no section for 0\.3\.0 .*it has: Unreleased, 0\.2\.0, 0\.1\.0"):
+    known = r"it has: Unreleased, 0\.2\.0, 0\.1\.0"
+    with pytest.raises(changelog.ChangelogError, match=r"no section for 0\.3\.0 .*" + known):
         changelog.section(TEXT, "0.3.0")
     with pytest.raises(changelog.ChangelogError, match="no section for 0.2"):  # no prefix match
         changelog.section(TEXT, "0.2")
