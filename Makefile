@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run test release release-image-tools release-test-tools test-release test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image \
+.PHONY: setup run release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image \
 	image-tools node-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
@@ -46,10 +46,17 @@ else
 	$(PY) -m devtools.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
 endif
 
-lint: setup  ## ruff, mypy (strict for rules and admission) and the import-linter layer contracts
+# cosign, syft and actionlint, built from their Go modules into a cache outside the tree (once per version and
+# Go version); the script prints the directory. `make lint` builds only actionlint.
+release-tools:  ## the release's Go tools: cosign, syft and actionlint (prints where they are)
+	@scripts/build-release-tools.sh >&2
+
+lint: setup  ## ruff, mypy (strict for rules and admission), the import-linter layer contracts and actionlint on the workflows
 	$(VENV)/bin/ruff check hami_mt_webhook devtools tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
+	@tools=$$(scripts/build-release-tools.sh actionlint) && echo "actionlint .github/workflows/*.yml" && \
+	  "$$tools/actionlint" .github/workflows/*.yml
 
 # prometheus and promtool (Debian package prometheus, without the node exporter it recommends): the alerts'
 # tests and `make run PROMETHEUS=1`, which start their own on loopback. On a host booted with systemd the
@@ -161,9 +168,6 @@ DIST ?= dist
 SOURCE ?=
 
 # skopeo (the index's digests, the offline archives): a Debian package
-release-tools:  ## cosign, syft and actionlint, built from their Go modules (cached outside the tree)
-	scripts/build-release-tools.sh >/dev/null
-
 release-image-tools:
 	$(call apt_packages,skopeo:/usr/bin/skopeo,Debian package; make release needs it)
 

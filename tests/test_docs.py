@@ -8,6 +8,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import yaml
+
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings
 
@@ -35,3 +37,39 @@ def test_readme_configuration_table_lists_every_serve_setting_with_its_variable_
         assert env == setting.env, f"{flag}: README says {env}, the settings {setting.env}"
         if default:  # unset ones read "unset" or "in-cluster", outside backticks
             assert default == setting.shown, f"{flag}: README says {default}, the settings {setting.shown}"
+
+
+def test_operating_chart_values_table_names_every_value_of_the_chart() -> None:
+    """docs/operating.md's "Helm chart values" is written by hand: every value of values.yaml has a row (a row
+    may name a map as a whole, e.g. `resources`, or `prometheusRule.thresholds.*`), and no row names a value
+    the chart does not have."""
+    root = README.parent
+    values = yaml.safe_load((root / "charts" / "hami-mt-webhook" / "values.yaml").read_text())
+    leaves: list[str] = []
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict) and node:
+            for key, value in node.items():
+                walk(value, f"{path}.{key}" if path else key)
+        else:
+            leaves.append(path)
+
+    walk(values, "")
+    table = [line for line in _section((root / "docs" / "operating.md").read_text(), "Helm chart values").splitlines()
+             if line.startswith("| `")]
+    documented: set[str] = set()
+    for row in table:
+        parent = ""
+        for name in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            full = parent + name if name.startswith(".") else name
+            parent = full.rsplit(".", 1)[0] if "." in full else ""
+            documented.add(full.removesuffix(".*"))
+    for leaf in leaves:
+        parts = leaf.split(".")
+        assert any(".".join(parts[:i]) in documented for i in range(1, len(parts) + 1)), \
+            f"docs/operating.md's chart values table lacks {leaf}"
+    for name in documented:
+        node: object = values
+        for part in name.split("."):
+            assert isinstance(node, dict) and part in node, f"docs/operating.md names {name}, not a chart value"
+            node = node[part]

@@ -285,6 +285,46 @@ def test_a_bad_value_fails_where_it_enters_and_is_named(setting: str, named: str
         assert helm("template", RELEASE, str(CHART), "--set", good, check=False).returncode == 0
 
 
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def image_of(docs: list[Doc]) -> str:
+    (container,) = find(docs, "Deployment", "hami-mt-webhook")["spec"]["template"]["spec"]["containers"]
+    return container["image"]
+
+
+@pytest.mark.parametrize(("settings", "image"), [
+    ((), "hami-mt-webhook:0.1.0"),  # the defaults: the kustomize base's image
+    (("image.tag=9.9.9",), "hami-mt-webhook:9.9.9"),
+    # a digest alone names the image; a tag given beside it is kept for readers
+    ((f"image.digest={DIGEST}",), f"hami-mt-webhook@{DIGEST}"),
+    (("image.tag=0.1.0", f"image.digest={DIGEST}"), f"hami-mt-webhook:0.1.0@{DIGEST}"),
+    (("image.registry=harbor.example/hami",), "harbor.example/hami/hami-mt-webhook:0.1.0"),
+    (("image.registry=registry.local:5000", "image.tag=1.2.3"), "registry.local:5000/hami-mt-webhook:1.2.3"),
+    (("image.registry=harbor.example/hami", f"image.digest={DIGEST}"), f"harbor.example/hami/hami-mt-webhook@{DIGEST}"),
+    (("image.registry=harbor.example/hami", "image.tag=0.1.0", f"image.digest={DIGEST}"),
+     f"harbor.example/hami/hami-mt-webhook:0.1.0@{DIGEST}"),
+])
+def test_the_image_is_registry_repository_tag_and_digest(settings: tuple[str, ...], image: str) -> None:
+    """`registry/repository:tag@digest`, each part but the repository optional (charts/hami-mt-webhook/values.yaml)."""
+    assert image_of(template(*(a for s in settings for a in ("--set", s)))) == image
+
+
+@pytest.mark.parametrize(("setting", "typed"), [
+    ("image.digest=abc", "abc"),
+    ("image.digest=sha256:" + "0123456789ABCDEF" * 4, "sha256:" + "0123456789ABCDEF" * 4),  # upper case
+    ("image.digest=" + DIGEST[:-1], DIGEST[:-1]),  # 63 hex digits
+    ("image.digest=" + DIGEST.replace("sha256:", "sha512:"), DIGEST.replace("sha256:", "sha512:")),
+    ("image.registry=https://harbor.example", "https://harbor.example"),  # a scheme
+    ("image.registry=harbor.example/hami/", "harbor.example/hami/"),  # a trailing slash
+    ("image.registry=harbor example", "harbor example"),
+])
+def test_a_bad_image_value_is_refused_showing_what_was_typed(setting: str, typed: str) -> None:
+    bad = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
+    where = "/" + setting.split("=", 1)[0].replace(".", "/")
+    assert bad.returncode != 0 and f"at '{where}': '{typed}' does not match pattern" in bad.stderr, bad.stderr
+
+
 def test_the_monitoring_component_is_the_charts_rendering() -> None:
     """One home for the alerts and the dashboard: the component is written from the chart (default values)
     by `python -m devtools.monitoring`, so an edit to either alone fails here."""

@@ -1,6 +1,20 @@
 {{/* The name of every object; fixed, since the webhook configurations are cluster-scoped (one install per cluster). */}}
 {{- define "hmw.name" -}}hami-mt-webhook{{- end -}}
 
+{{/* The image reference: [registry/]repository[:tag][@digest]. The tag defaults to the chart's appVersion
+     unless a digest is given: a digest names the image alone, and a tag set beside it is kept for readers
+     (the runtime pulls by the digest). With the defaults: hami-mt-webhook:<appVersion>, as the kustomize base. */}}
+{{- define "hmw.image" -}}
+{{- $image := .Values.image -}}
+{{- $ref := $image.repository -}}
+{{- with $image.registry }}{{ $ref = printf "%s/%s" . $ref }}{{ end -}}
+{{- $tag := toString ($image.tag | default "") -}}
+{{- if and (not $tag) (not $image.digest) }}{{ $tag = .Chart.AppVersion }}{{ end -}}
+{{- with $tag }}{{ $ref = printf "%s:%s" $ref . }}{{ end -}}
+{{- with $image.digest }}{{ $ref = printf "%s@%s" $ref . }}{{ end -}}
+{{- $ref -}}
+{{- end -}}
+
 {{/* Labels of every object: the selector label the kustomize base uses, plus Helm's bookkeeping. */}}
 {{- define "hmw.labels" -}}
 app.kubernetes.io/name: hami-mt-webhook
