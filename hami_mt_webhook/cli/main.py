@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ImportError as err:  # the image, or a plain `pip install`: no Kubernetes client
                 if (err.name or "").partition(".")[0] not in DOCTOR_EXTRA:
                     raise
-                print(f"hami-mt-webhook doctor: needs the Kubernetes client ({err.name} is not installed): "
+                print("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: "
                       "pip install 'hami-mt-webhook[doctor]'", file=sys.stderr)
                 return 2
             if args.pending_minutes < 0:

@@ -65,5 +65,5 @@ def test_without_the_doctor_extra(monkeypatch, capsys):
     assert cli.main(["doctor"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
-    assert err == ("hami-mt-webhook doctor: needs the Kubernetes client (kubernetes is not installed): "
+    assert err == ("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: "
                    "pip install 'hami-mt-webhook[doctor]'")
