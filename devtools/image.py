@@ -17,6 +17,7 @@ root may lack).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -339,17 +340,16 @@ def size_mb(name: str) -> float:
 
 
 def run_under_qemu(name: str, args: list[str], volumes: dict[str, str] | None = None,
-                   timeout: float = 300) -> str:
+                   timeout: float = 300, ok: tuple[int, ...] = (0,)) -> str:
     """Run the image `name` (of any architecture) with `args` after its ENTRYPOINT, without a container and
     without binfmt: the image's files are mounted (`podman image mount`), and its entry point is started
     under qemu-user (`qemu-<machine>-static -L <rootfs>`, which resolves the interpreter and libraries in
     the rootfs); an amd64 image on an amd64 machine runs directly with the same loader. `volumes` maps a
     host directory to the path the arguments use for it: the arguments are rewritten to the host path (the
-    rootfs is not chrooted). Returns stdout; an ImageError with stderr if it exits non-zero."""
+    rootfs is not chrooted), and back in what it prints. Returns stdout; an ImageError with stderr if its
+    exit status is not in `ok` (`review` exits 1 when it denies)."""
     inspect = run("image", "inspect", "--format", "{{.Architecture}} {{json .Config.Entrypoint}}", name)
     arch, _, entry = inspect.stdout.strip().partition(" ")
-    import json
-
     entrypoint = json.loads(entry) or []
     root = Path(run("image", "mount", name).stdout.strip())
     try:
@@ -369,11 +369,15 @@ def run_under_qemu(name: str, args: list[str], volumes: dict[str, str] | None = 
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHOME": str(root / "usr"),
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
                "PYTHONPATH": str(root / "usr/local/lib/python3.11/dist-packages")}
-        done = subprocess.run([*cmd, *entrypoint[1:], *rewritten], capture_output=True, text=True, env=env,
+        # -S: no site directories of this machine's Python; the image's packages come by PYTHONPATH
+        done = subprocess.run([*cmd, "-S", *entrypoint[1:], *rewritten], capture_output=True, text=True, env=env,
                               timeout=timeout, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
+        if done.returncode not in ok:
             raise ImageError(f"{name} {' '.join(args)} exited with {done.returncode}:\n{done.stderr[-4000:]}")
-        return done.stdout
+        out = done.stdout
+        for host, inside in (volumes or {}).items():
+            out = out.replace(host, inside)
+        return out
     finally:
         run("image", "unmount", name, check=False)
 
