@@ -369,9 +369,10 @@ def run_under_qemu(name: str, args: list[str], volumes: dict[str, str] | None = 
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHOME": str(root / "usr"),
                "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1",
                "PYTHONPATH": str(root / "usr/local/lib/python3.11/dist-packages")}
-        # -S: no site directories of this machine's Python; the image's packages come by PYTHONPATH
-        done = subprocess.run([*cmd, "-S", *entrypoint[1:], *rewritten], capture_output=True, text=True, env=env,
-                              timeout=timeout, stdin=subprocess.DEVNULL)
+        # -S: no site directories of this machine's Python, the image's packages come by PYTHONPATH; -P and
+        # the rootfs as working directory: no module of a checkout found first
+        done = subprocess.run([*cmd, "-S", "-P", *entrypoint[1:], *rewritten], capture_output=True, text=True,
+                              env=env, timeout=timeout, stdin=subprocess.DEVNULL, cwd=root)
         if done.returncode not in ok:
             raise ImageError(f"{name} {' '.join(args)} exited with {done.returncode}:\n{done.stderr[-4000:]}")
         out = done.stdout
