@@ -26,6 +26,13 @@ RUN set -eu; \
       fi; \
     fi
 RUN python -m venv /venv && /venv/bin/pip install --quiet "setuptools==84.2.1" "mypy==2.4.1"
+# The commands the chart's pod runs, with no shell to start them: hami-mt-webhook (its `command`) and sleep
+# (its preStop hook), each a Python script the kernel starts by its first line.
+RUN mkdir /commands && cd /commands && \
+    printf '#!/usr/bin/python3.11\nimport sys\nfrom hami_mt_webhook.cli.main import main\nsys.exit(main())\n' \
+      > hami-mt-webhook && \
+    printf '#!/usr/bin/python3.11 -S\nimport sys, time\ntime.sleep(float(sys.argv[1]))\n' > sleep && \
+    chmod 0755 hami-mt-webhook sleep
 WORKDIR /src
 # The dependencies first: a change of the sources leaves this layer (and the runtime's copy of it) cached.
 COPY requirements/image.lock ./requirements/
@@ -61,9 +68,10 @@ LABEL org.opencontainers.image.source=$SOURCE \
       org.opencontainers.image.version=$VERSION \
       org.opencontainers.image.licenses=Apache-2.0 \
       org.opencontainers.image.title=hami-mt-webhook
-ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
+ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PATH=/usr/local/bin:/usr/bin:/bin
 COPY --from=build /deps/ /usr/local/lib/python3.11/dist-packages/
 COPY --from=build /app/ /usr/local/lib/python3.11/dist-packages/
+COPY --from=build /commands/ /usr/local/bin/
 USER 65532:65532
 EXPOSE 8443 8080 9090
 ENTRYPOINT ["/usr/bin/python3.11", "-m", "hami_mt_webhook"]

@@ -76,6 +76,8 @@ test-e2e-floor: setup controlplane-floor prometheus
 # Where the Dockerfile's python:3.11 bases come from when local storage lacks them: auto (a pull, else
 # stand-ins made from Debian's packages), pull, or standin (never a registry; what make test uses).
 IMAGE_BASES ?= auto
+# linux/amd64 (localhost/hami-mt-webhook:<version>) or linux/arm64 (<version>-arm64), cross-compiled.
+IMAGE_PLATFORM ?= linux/amd64
 # `make run NODE=1` never waits on a registry unless told to: stand-ins, unless IMAGE_BASES is given.
 RUN_IMAGE_BASES := $(if $(filter file,$(origin IMAGE_BASES)),standin,$(IMAGE_BASES))
 
@@ -149,7 +151,7 @@ lock:  ## regenerate requirements/image.lock after a change of pyproject.toml's 
 	    --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --output-file $(LOCK) pyproject.toml
 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
-	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)
+	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
 test: lint controlplane controlplane-floor prometheus node-tools  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault tier on the newest
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin

@@ -6,7 +6,8 @@ From the entry points down to the leaves:
 Entry points (each `python -m devtools.<name>`)
     local        `make run`: the webhook beside a local control plane, or the chart on real nodes
     compat       `make compat`: the e2e tier on every Kubernetes minor, and its table
-    image        `make image`: the Dockerfile built with podman, stand-in bases from Debian's packages
+    image        `make image`: the Dockerfile built with podman for amd64 or arm64 (cross-compiled), stand-in
+                 bases from Debian's packages; an image run under qemu-user (`run_under_qemu`)
     faults       `make faults`: a replica or its node broken under slice-pod traffic, failover off and on;
                  the fault tier's scenarios
     bench/       `make bench`, one module per part:

@@ -232,6 +232,7 @@ def _finish_runtime(root: Path) -> None:
     (root / "etc/passwd").write_text("root:x:0:0:root:/root:/sbin/nologin\n"
                                      "nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin\n"
                                      "nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n")
+    (root / "usr/bin/python3").symlink_to("python3.11")  # as python3-minimal makes it, and distroless has it
     (root / "etc/group").write_text("root:x:0:\nnogroup:x:65534:\nnonroot:x:65532:\n")
     for directory, mode, owner in (("tmp", 0o1777, 0), ("root", 0o700, 0), ("home/nonroot", 0o700, 65532)):
         (root / directory).mkdir(parents=True, exist_ok=True)
