@@ -1,13 +1,20 @@
 """The container image, built from the Dockerfile itself where there is no Docker daemon (`make image`).
 
-podman builds it (`buildah bud` and `docker build` take the same Dockerfile; README). The
-Dockerfile's `FROM python:3.11` and `FROM python:3.11-slim` resolve to images in local storage: the
-official ones once pulled or, where no container registry can be reached, stand-ins made from Debian's
-packages with mmdebstrap (Debian 12's Python 3.11 and pip; the build one with a C compiler for the
-compiled rules), tagged with the official names and labelled `STANDIN_LABEL`. Either way they are kept
-in the container storage outside the tree, so only the first build makes them.
+podman builds it (`docker buildx build` takes the same Dockerfile; README), for linux/amd64 or linux/arm64:
+the build stage runs on this machine's architecture and cross-compiles for arm64, the arm64 runtime stage
+only copies, so nothing is emulated. Its bases resolve to images in local storage: the build base under the
+official name `python:3.11`, the runtime base (`RUNTIME`, distroless python3-debian12:nonroot) per
+architecture as `runtime_base(arch)`, passed as the Dockerfile's RUNTIME argument. Each is the official
+image once pulled or, where no container registry can be reached, a stand-in made from Debian 12's packages
+with mmdebstrap (`make_standin`, `make_runtime_standin`), labelled `STANDIN_LABEL`. They are kept in the
+container storage outside the tree, so only the first build makes them.
 
-    python -m devtools.image build [--bases auto|standin|pull]    prints the image's name and tag
+    python -m devtools.image build [--bases auto|standin|pull] [--platform linux/amd64|linux/arm64]
+
+prints the image's name: `localhost/hami-mt-webhook:<version>` for amd64 (the chart's default, and what the
+node tier imports into containerd), `localhost/hami-mt-webhook:<version>-arm64` for arm64 (`reference_for`).
+For a release: `build(mode, tag, say, platform, labels)` returns the name, `size_mb(name)` its size, and
+`run_under_qemu(name, args)` runs its entry point whatever its architecture.
 
 The settings the machine needs are in a containers.conf of our own (`CONTAINERS_CONF`): runc as the
 runtime, cgroupfs, and no default ulimits (raising RLIMIT_NOFILE needs CAP_SYS_RESOURCE, which a VM's
