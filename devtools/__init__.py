@@ -6,7 +6,8 @@ From the entry points down to the leaves:
 Entry points (each `python -m devtools.<name>`)
     local        `make run`: the webhook beside a local control plane, or the chart on real nodes
     compat       `make compat`: the e2e tier on every Kubernetes minor, and its table
-    image        `make image`: the Dockerfile built with podman, stand-in bases from Debian's packages
+    image        `make image`: the Dockerfile built with podman for amd64 or arm64 (cross-compiled), stand-in
+                 bases from Debian's packages
     release      `make release`: both architectures' images under one index, the chart by digest, cosign
                  signatures and SBOM attestations by key, and dist/ (the offline bundle)
     changelog    the release notes: one version's section of CHANGELOG.md
