@@ -24,6 +24,8 @@ root may lack).
 from __future__ import annotations
 
 import argparse
+import hashlib
+import inspect
 import os
 import re
 import shutil
@@ -67,10 +69,11 @@ RUNTIME = "gcr.io/distroless/python3-debian12:nonroot"
 RUNTIME_LOCAL = "localhost/hami-mt-webhook-runtime"
 RUNTIME_TAG = "python3-debian12-nonroot"
 #: The runtime stand-in's packages (with their dependencies), as distroless's python3-debian12 has them.
-RUNTIME_PACKAGES = ("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "tzdata", "netbase")
+RUNTIME_PACKAGES = ("base-files", "python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "tzdata",
+                    "netbase")
 #: Pulled in by dependencies but left out: a package manager and archiver, and what only they need.
 RUNTIME_LEFT_OUT = frozenset({"dpkg", "tar", "libacl1", "libselinux1", "libpcre2-8-0", "libmd0", "libzstd1",
-                              "debconf", "perl-base", "openssl", "bash", "dash", "coreutils"})
+                              "debconf", "perl-base", "openssl", "bash", "dash", "coreutils", "mawk"})
 #: What a server never reads (relative to the root).
 RUNTIME_STRIPPED = (
     "usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian",
@@ -171,7 +174,7 @@ def make_standin(base: Base) -> None:
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=1800)
         if done.returncode != 0:
             raise ImageError(f"mmdebstrap exited with {done.returncode}:\n{done.stderr[-4000:]}")
-        changes = ["LABEL " + STANDIN_LABEL + "=debian-" + SUITE, "ENV LANG=C.UTF-8",
+        changes = ["LABEL " + STANDIN_LABEL + "=" + standin_recipe(), "ENV LANG=C.UTF-8",
                    "ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin", 'CMD ["python3"]']
         flags = [f for change in changes for f in ("--change", change)]
         run("import", "--quiet", *flags, str(rootfs), base.name)
@@ -222,7 +225,7 @@ def make_runtime_standin(arch: str) -> None:
         tar = Path(tmp) / "rootfs.tar"
         _check(["tar", "--create", "--file", str(tar), "--directory", str(root), "--numeric-owner",
                 "--sort=name", "--mtime=@0", "."])
-        changes = ["LABEL " + STANDIN_LABEL + "=debian-" + SUITE, "ENV LANG=C.UTF-8",
+        changes = ["LABEL " + STANDIN_LABEL + "=" + standin_recipe(), "ENV LANG=C.UTF-8",
                    "ENV SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
                    "ENV PATH=/usr/local/bin:/usr/bin:/bin", "USER 65532:65532", "WORKDIR /home/nonroot",
                    'ENTRYPOINT ["/usr/bin/python3.11"]']
@@ -265,6 +268,14 @@ def _check(cmd: list[str]) -> str:
     return done.stdout
 
 
+def standin_recipe() -> str:
+    """What the stand-ins' label says: the Debian release and a digest of how they are made (the packages and
+    this code), so a changed recipe makes them again on the next build, here and on a machine that kept them."""
+    source = "".join(inspect.getsource(f) for f in (make_standin, make_runtime_standin, _finish_runtime))
+    recipe = repr((BASES, RUNTIME_PACKAGES, sorted(RUNTIME_LEFT_OUT), RUNTIME_STRIPPED, STANDIN_HOOKS, source))
+    return f"debian-{SUITE}-{hashlib.sha256(recipe.encode()).hexdigest()[:12]}"
+
+
 def ensure_bases(mode: str, say: Callable[[str], None] = print, arch: str = "amd64") -> None:
     """Have the build base and `arch`'s runtime base in local storage: kept if there; else `pull` pulls,
     `standin` makes a stand-in, and `auto` tries a pull first and makes the stand-in when no registry
@@ -274,6 +285,11 @@ def ensure_bases(mode: str, say: Callable[[str], None] = print, arch: str = "amd
     wanted.append((runtime_base(arch), RUNTIME, lambda: make_runtime_standin(arch)))
     for name, official, make in wanted:
         if exists(name):
+            made_by = run("image", "inspect", "--format", f'{{{{index .Labels "{STANDIN_LABEL}"}}}}', name).stdout
+            if made_by.strip() in ("", "<no value>", standin_recipe()):  # official, or a current stand-in
+                continue
+            say(f"{name} is a stand-in made by an older recipe ({made_by.strip()}): making it again")
+            make()
             continue
         if mode in ("auto", "pull"):
             say(f"pulling {official} for linux/{arch}")
