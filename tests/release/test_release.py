@@ -197,3 +197,19 @@ def test_sizes_within_target(published: Published) -> None:
     assert sizes["arm64"] <= 150, sizes
 
 
+
+
+def test_images_carry_the_oci_labels(published: Published) -> None:
+    made = published.made
+    for arch, digest in made["digests"].items():
+        config = json.loads(subprocess.run(
+            ["skopeo", "inspect", "--config", "--tls-verify=false",
+             f"docker://{published.registry.local}/{release.NAME}@{digest}"],
+            capture_output=True, text=True, check=True, timeout=60).stdout)
+        assert config["architecture"] == arch and config["os"] == "linux"
+        labels = config["config"]["Labels"]
+        assert labels["org.opencontainers.image.revision"] == made["revision"]
+        assert labels["org.opencontainers.image.version"] == made["version"]
+        assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+        assert labels["org.opencontainers.image.source"]
+        assert config["config"]["User"] == "65532:65532"
