@@ -77,6 +77,7 @@ class PodCreator:
         self.failures: list[str] = []
         self.outcomes: list[Outcome] = []
         self.future: Any = None
+        self.stopped = False
 
     def start(self, rate: float, seconds: float) -> None:
         self.future = asyncio.run_coroutine_threadsafe(self._run(rate, seconds), self.lt.loop)
@@ -84,12 +85,18 @@ class PodCreator:
     def wait(self, timeout: float) -> None:
         self.future.result(timeout)
 
+    def stop(self) -> None:
+        """No more creations after this; `wait` then waits for the answers of those sent."""
+        self.stopped = True
+
     async def _run(self, rate: float, seconds: float) -> None:
         url = f"{self.server}/api/v1/namespaces/{self.namespace}/pods"
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self.ctx, limit=64)) as session:
             tasks = []
             start = time.monotonic()
             for i in range(int(rate * seconds)):
+                if self.stopped:
+                    break
                 delay = start + i / rate - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)

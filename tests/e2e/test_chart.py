@@ -371,15 +371,42 @@ def test_monitoring_values_reach_the_rules_and_the_dashboard(rendered: list[Doc]
 def test_cert_manager_replaces_the_generated_certificate(rendered: list[Doc]) -> None:
     docs = template("--set", "certManager.enabled=true")
     assert ("Secret", SECRET) not in kinds(docs)
-    cert = find(docs, "Certificate", "hami-mt-webhook")
     component = manifests.load(manifests.base_dir() / "components" / "cert-manager" / "certificate.yaml")
-    assert without_helm_labels(cert) == find(component, "Certificate", "hami-mt-webhook")
-    assert without_helm_labels(find(docs, "Issuer", "hami-mt-webhook-selfsigned")) == find(
-        component, "Issuer", "hami-mt-webhook-selfsigned")
+    ours = [(d["kind"], d["metadata"]["name"]) for d in docs if d["apiVersion"] == "cert-manager.io/v1"]
+    assert sorted(ours) == sorted((d["kind"], d["metadata"]["name"]) for d in component)
+    for kind, name in ours:  # the chart's defaults are the component's, field by field
+        assert without_helm_labels(find(docs, kind, name)) == find(component, kind, name)
     for kind, name in CONFIGS:
         config = find(docs, kind, name)
         assert config["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NS}/hami-mt-webhook"}
         assert all("caBundle" not in w["clientConfig"] for w in config["webhooks"])
+
+
+def test_cert_manager_durations_and_the_bundle_secret() -> None:
+    docs = template("--set", "certManager.enabled=true", "--set", "certManager.root.duration=43800h",
+                    "--set", "certManager.root.renewBefore=4380h", "--set", "certManager.duration=720h",
+                    "--set", "certManager.renewBefore=240h", "--set", "certManager.caBundleSecret=hmw-bundle")
+    root, serving = find(docs, "Certificate", "hami-mt-webhook-root"), find(docs, "Certificate", "hami-mt-webhook")
+    assert (root["spec"]["duration"], root["spec"]["renewBefore"]) == ("43800h", "4380h")
+    assert (serving["spec"]["duration"], serving["spec"]["renewBefore"]) == ("720h", "240h")
+    for kind, name in CONFIGS:  # while the root rotates, cainjector copies the bundle Secret instead
+        annotations = find(docs, kind, name)["metadata"]["annotations"]
+        assert annotations == {"cert-manager.io/inject-ca-from-secret": f"{NS}/hmw-bundle"}
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (["certManager.renewBefore=2160h"],
+     "certManager.renewBefore (2160h) must be shorter than certManager.duration (2160h)"),
+    (["certManager.root.renewBefore=90000h"], "certManager.root.renewBefore (90000h) must be shorter than"),
+    (["certManager.root.duration=2000h", "certManager.root.renewBefore=100h"],
+     "certManager.root.duration (2000h) must be longer than certManager.duration (2160h)"),
+    (["certManager.root.duration=10y"], "10y"),
+    (["certManager.caBundleSecret=Bad_Name"], "Bad_Name"),
+])
+def test_cert_manager_bad_durations_refused_naming_them(values: list[str], message: str) -> None:
+    bad = helm("template", RELEASE, str(CHART), "--set", "certManager.enabled=true",
+               *(a for v in values for a in ("--set", v)), check=False)
+    assert bad.returncode != 0 and message in bad.stderr, bad.stderr
 
 
 # --- on the API server -------------------------------------------------------------------------------------

@@ -324,13 +324,19 @@ def test_cert_manager_component_files() -> None:
     targets = [(p["target"]["kind"], p["target"]["name"]) for p in kustomization["patches"]]
     assert sorted(targets) == sorted(CONFIGS)
     objs = [d for r in kustomization["resources"] for d in yaml.safe_load_all((root / r).read_text()) if d]
-    cert = one(objs, "Certificate")
-    assert cert["metadata"] == {**cert["metadata"], "name": NAME, "namespace": NS}
+    by_name = {(o["kind"], o["metadata"]["name"]): o for o in objs}
+    cert = by_name["Certificate", NAME]
+    assert cert["metadata"]["namespace"] == NS
     assert cert["spec"]["secretName"] == "hami-mt-webhook-tls"
     assert f"{NAME}.{NS}.svc" in cert["spec"]["dnsNames"]
-    issuer = one(objs, "Issuer")
-    assert "selfSigned" in issuer["spec"]
-    assert cert["spec"]["issuerRef"] == {"kind": "Issuer", "name": issuer["metadata"]["name"]}
+    # the chain: a self-signed Issuer makes the root, a CA Issuer over the root's Secret signs the serving one
+    ca_issuer = by_name["Issuer", cert["spec"]["issuerRef"]["name"]]
+    root = next(o for o in objs
+                if o["kind"] == "Certificate" and o["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"])
+    assert root["spec"]["isCA"] is True
+    assert "selfSigned" in by_name["Issuer", root["spec"]["issuerRef"]["name"]]["spec"]
+    hours = {c["metadata"]["name"]: int(c["spec"]["duration"].rstrip("h")) for c in (root, cert)}
+    assert hours[root["metadata"]["name"]] > hours[NAME]
 
 
 @needs_kubectl
@@ -344,7 +350,9 @@ def test_cert_manager_component_renders_with_the_base(tmp_path: Path) -> None:
     for kind, name in CONFIGS:
         annotations = configuration(rendered, kind, name)["metadata"]["annotations"]
         assert annotations["cert-manager.io/inject-ca-from"] == f"{NS}/{NAME}"
-    assert one(rendered, "Certificate")["spec"]["secretName"] == "hami-mt-webhook-tls"
+    certificates = {c["metadata"]["name"]: c for c in rendered if c["kind"] == "Certificate"}
+    assert certificates[NAME]["spec"]["secretName"] == "hami-mt-webhook-tls"
+    assert certificates[f"{NAME}-root"]["spec"]["isCA"] is True
 
 
 # --- network-policy component ---------------------------------------------------------------------------

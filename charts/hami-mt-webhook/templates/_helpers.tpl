@@ -204,12 +204,17 @@ caBundle: {{ $dev.caBundle }}
 {{- define "hmw.webhookAnnotations" -}}
 {{- if and .Values.certManager.enabled (not .Values.development.caBundle) }}
 annotations:
+  {{- with .Values.certManager.caBundleSecret }}
+  cert-manager.io/inject-ca-from-secret: {{ printf "%s/%s" $.Release.Namespace . }}
+  {{- else }}
   cert-manager.io/inject-ca-from: {{ printf "%s/%s" .Release.Namespace (include "hmw.name" .) }}
+  {{- end }}
 {{- end }}
 {{- end -}}
 
 {{/* Checks of values the API server would otherwise refuse only at install time. */}}
 {{- define "hmw.validate" -}}
+{{- include "hmw.validateCertManager" . -}}
 {{- if not (has .Values.failurePolicy (list "Fail" "Ignore")) }}{{ fail "failurePolicy must be Fail or Ignore" }}{{ end -}}
 {{- if not (has .Values.enforcement (list "deny" "warn")) }}{{ fail "enforcement must be deny or warn" }}{{ end -}}
 {{- if not (has .Values.workloadCheck.failurePolicy (list "Fail" "Ignore")) }}{{ fail "workloadCheck.failurePolicy must be Fail or Ignore" }}{{ end -}}
@@ -298,4 +303,31 @@ c.resources.requests[r] : '-')).join(',')).join('+')).join('|')
 {{- $_ = set $affinity "podAntiAffinity" $pod -}}
 {{- end -}}
 {{- if $affinity }}{{ toYaml $affinity }}{{ end -}}
+{{- end -}}
+
+{{/* cert-manager's durations: renewBefore shorter than the duration it renews (cert-manager would refuse the
+Certificate only after install, leaving the webhook without a certificate). Go durations, compared in hours. */}}
+{{- define "hmw.validateCertManager" -}}
+{{- $cm := .Values.certManager }}
+{{- if $cm.enabled }}
+{{- range $what, $pair := dict "certManager" (list $cm.duration $cm.renewBefore) "certManager.root" (list $cm.root.duration $cm.root.renewBefore) }}
+{{- $d := include "hmw.hours" (index $pair 0) | float64 }}
+{{- $r := include "hmw.hours" (index $pair 1) | float64 }}
+{{- if ge $r $d }}{{ fail (printf "%s.renewBefore (%s) must be shorter than %s.duration (%s)" $what (index $pair 1) $what (index $pair 0)) }}{{ end }}
+{{- end }}
+{{- if le (include "hmw.hours" $cm.root.duration | float64) (include "hmw.hours" $cm.duration | float64) }}
+{{- fail (printf "certManager.root.duration (%s) must be longer than certManager.duration (%s): the root signs every serving certificate" $cm.root.duration $cm.duration) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A Go duration as the schema accepts it (e.g. 2160h, 90m, 1h30m) in hours. */}}
+{{- define "hmw.hours" -}}
+{{- $total := 0.0 }}
+{{- range regexFindAll "[0-9]+(ms|s|m|h)" . -1 }}
+{{- $n := regexFind "^[0-9]+" . | float64 }}
+{{- $unit := regexReplaceAll "^[0-9]+" . "" }}
+{{- $total = addf $total (divf $n (get (dict "h" 1.0 "m" 60.0 "s" 3600.0 "ms" 3600000.0) $unit)) }}
+{{- end }}
+{{- $total }}
 {{- end -}}

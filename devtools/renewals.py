@@ -1,0 +1,257 @@
+"""Renewals of the webhook's serving certificate by cert-manager, under slice-pod traffic: what the cert-manager
+tier asserts (none refused) and what docs/operating.md gives as the reason for the chain ("Renewals, counted").
+
+With the chart's chain (root → CA Issuer → serving certificate) the caBundle is the root, so a renewal never
+changes it; with a self-signed Issuer signing the serving certificate directly (the `selfsigned` setup, made
+by pointing the serving Certificate at the chart's self-signed Issuer) every renewal is a new CA, injected
+at once while the replicas serve the previous certificate until kubelet syncs the Secret.
+
+    python -m devtools.renewals [--setup chain|selfsigned] [--renewals 3] [--version floor]
+
+Renewals are triggered as `cmctl renew` does (an `Issuing` condition on the Certificate's status); the root
+is rotated in the order docs/operating.md gives ("Rotating the root").
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+
+from devtools import certmanager, local
+from devtools.nodes import Cluster
+from devtools.traffic import LoopThread, PodCreator, slice_pod
+
+RATE = 20.0
+NAMESPACE = local.NAMESPACE
+SERVING = "hami-mt-webhook"
+ROOT = "hami-mt-webhook-root"
+SELF_SIGNED = "hami-mt-webhook-selfsigned"
+SECRET = "hami-mt-webhook-tls"
+BUNDLE = "hami-mt-webhook-ca-bundle"
+CONFIGURATIONS = (("mutatingwebhookconfiguration", "hami-mt-webhook"),
+                  ("validatingwebhookconfiguration", "hami-mt-webhook"),
+                  ("validatingwebhookconfiguration", "hami-mt-webhook-workloads"),
+                  ("mutatingwebhookconfiguration", "hami-mt-webhook-warn"),
+                  ("validatingwebhookconfiguration", "hami-mt-webhook-warn"))
+#: The longest a replica may take to serve a renewed certificate: kubelet's sync of the Secret volume
+#: (its syncFrequency, 1 minute, plus jitter) and the webhook's reload.
+SERVED_WITHIN = 180.0
+EXPIRY_METRIC = re.compile(r"^hami_mt_webhook_certificate_expiry_timestamp_seconds\s+(\S+)$", re.M)
+
+
+class RenewalError(RuntimeError):
+    """A renewal did not happen or did not reach the replicas in time; the message says which."""
+
+
+# what is there -------------------------------------------------------------------------------------------
+
+def secret_certificate(cluster: Cluster, secret: str, key: str = "tls.crt") -> x509.Certificate:
+    data = json.loads(cluster.kubectl("get", "secret", secret, "-n", NAMESPACE, "-o", "json").stdout)["data"]
+    return x509.load_pem_x509_certificate(base64.b64decode(data[key]))
+
+
+def ca_bundles(cluster: Cluster) -> dict[str, list[x509.Certificate]]:
+    """Every webhook's caBundle in this release's configurations, by `kind/name/webhook`."""
+    out = {}
+    for kind, name in CONFIGURATIONS:
+        config = json.loads(cluster.kubectl("get", kind, name, "-o", "json").stdout)
+        for hook in config["webhooks"]:
+            raw = base64.b64decode(hook["clientConfig"].get("caBundle") or "")
+            out[f"{kind}/{name}/{hook['name']}"] = x509.load_pem_x509_certificates(raw) if raw else []
+    return out
+
+
+def replicas(cluster: Cluster) -> list[dict[str, object]]:
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
+                                      "-o", "json").stdout)["items"]
+    return [p for p in pods if p["status"].get("phase") == "Running"]
+
+
+def served_expiries(cluster: Cluster) -> dict[str, float]:
+    """Each replica's `hami_mt_webhook_certificate_expiry_timestamp_seconds`: the certificate it serves."""
+    out = {}
+    for pod in replicas(cluster):
+        name = pod["metadata"]["name"]  # type: ignore[index]
+        text = cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:9090/proxy/metrics",
+                               check=False).stdout
+        found = EXPIRY_METRIC.search(text)
+        out[str(name)] = float(found[1]) if found else 0.0
+    return out
+
+
+def restarts(cluster: Cluster) -> dict[str, int]:
+    return {str(p["metadata"]["name"]): sum(c["restartCount"] for c in p["status"]["containerStatuses"])  # type: ignore
+            for p in replicas(cluster)}
+
+
+# what is done --------------------------------------------------------------------------------------------
+
+def renew(cluster: Cluster, certificate: str) -> None:
+    """What `cmctl renew` does: an `Issuing=True` condition, reason ManuallyTriggered, on the status."""
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
+                 "message": "Certificate re-issuance manually triggered", "lastTransitionTime": now}
+    cluster.kubectl("patch", "certificate", certificate, "-n", NAMESPACE, "--subresource=status", "--type=json",
+                    "-p", json.dumps([{"op": "add", "path": "/status/conditions/-", "value": condition}]))
+
+
+def wait_until(what: str, ok: Callable[[], bool], timeout: float, interval: float = 0.5) -> float:
+    started = time.monotonic()
+    while not ok():
+        if time.monotonic() > started + timeout:
+            raise RenewalError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(interval)
+    return time.monotonic() - started
+
+
+def reissue(cluster: Cluster, certificate: str, secret: str, timeout: float = 60.0) -> x509.Certificate:
+    """Renew `certificate` and wait for the new one in `secret`."""
+    before = secret_certificate(cluster, secret).serial_number
+    renew(cluster, certificate)
+    wait_until(f"{certificate} renewed into Secret {secret}",
+               lambda: secret_certificate(cluster, secret).serial_number != before, timeout)
+    return secret_certificate(cluster, secret)
+
+
+def wait_served(cluster: Cluster, cert: x509.Certificate, timeout: float = SERVED_WITHIN) -> float:
+    """Seconds until every replica serves `cert` (its expiry metric is cert's notAfter)."""
+    want = cert.not_valid_after_utc.timestamp()
+    return wait_until("every replica serving the renewed certificate",
+                      lambda: all(abs(v - want) < 1 for v in served_expiries(cluster).values()), timeout, 2.0)
+
+
+def upgrade(cluster: Cluster, *values: str) -> None:
+    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE,
+               "--reuse-values", *(a for v in values for a in ("--set", v)))
+
+
+def rotate_root(cluster: Cluster, say: Callable[[str], None]) -> None:
+    """docs/operating.md, "Rotating the root", step by step."""
+    old = secret_certificate(cluster, ROOT)
+    new = reissue(cluster, ROOT, ROOT)                                   # 1. a new root; old kept
+    pem = b"".join(c.public_bytes(Encoding.PEM) for c in (old, new))
+    cluster.kubectl("create", "secret", "generic", BUNDLE, "-n", NAMESPACE, "--from-file=ca.crt=/dev/stdin",
+                    input=pem.decode())
+    upgrade(cluster, f"certManager.caBundleSecret={BUNDLE}")            # 2. both trusted
+    both = {old.serial_number, new.serial_number}
+    seconds = wait_until("every caBundle holding both roots", lambda: all(
+        {c.serial_number for c in certs} >= both for certs in ca_bundles(cluster).values()), 120)
+    say(f"root rotation: both roots in every caBundle {seconds:.1f} s after the upgrade")
+    serving = reissue(cluster, SERVING, SECRET)                          # 3. signed by the new root
+    say(f"root rotation: every replica serving the new root's certificate {wait_served(cluster, serving):.0f} s "
+        "after its issuance")
+    upgrade(cluster, "certManager.caBundleSecret=")                     # 4. the new root alone
+    seconds = wait_until("every caBundle holding the new root alone", lambda: all(
+        [c.serial_number for c in certs] == [new.serial_number] for certs in ca_bundles(cluster).values()), 120)
+    cluster.kubectl("delete", "secret", BUNDLE, "-n", NAMESPACE)
+    say(f"root rotation: the new root alone in every caBundle {seconds:.1f} s after the upgrade")
+
+
+# under traffic -------------------------------------------------------------------------------------------
+
+@dataclass
+class Counted:
+    """Every creation's outcome while the certificates changed."""
+
+    setup: str
+    created: int = 0
+    refused: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    steps: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        return (f"{self.setup}: {self.created + len(self.refused)} slice pods at {RATE:.0f}/s over "
+                f"{self.seconds:.0f} s, {len(self.refused)} refused")
+
+
+@contextmanager
+def traffic(cluster: Cluster, lt: LoopThread, namespace: str, counted: Counted) -> Iterator[PodCreator]:
+    """Slice pods created at RATE until the block ends (then a few seconds more), each outcome counted."""
+    cluster.kubectl("create", "namespace", namespace)
+    creator = PodCreator(lt, cluster.controlplane.server, cluster.controlplane.workdir, namespace,
+                         lambda i: slice_pod(f"r{i}"))
+    started = time.monotonic()
+    creator.start(RATE, 3600)
+    try:
+        yield creator
+        time.sleep(3)
+    finally:
+        creator.stop()
+        creator.wait(60)
+        counted.seconds = time.monotonic() - started
+        counted.created = creator.results[201]
+        counted.refused = creator.failures
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+def self_signed_leaf(cluster: Cluster) -> None:
+    """The setup the chart had before: the serving certificate signed by the self-signed Issuer directly."""
+    cluster.kubectl("patch", "certificate", SERVING, "-n", NAMESPACE, "--type=merge", "-p",
+                    json.dumps({"spec": {"issuerRef": {"kind": "Issuer", "name": SELF_SIGNED}}}))
+    cert = reissue(cluster, SERVING, SECRET)
+    wait_until("the self-signed certificate in every caBundle", lambda: all(
+        [c.serial_number for c in certs] == [cert.serial_number] for certs in ca_bundles(cluster).values()), 120)
+    wait_served(cluster, cert)
+
+
+def count_renewals(cluster: Cluster, lt: LoopThread, renewals: int = 3, root: bool = True,
+                   setup: str = "chain", say: Callable[[str], None] = print) -> Counted:
+    """`renewals` renewals of the serving certificate in a row, then (with `root`) the root's rotation, under
+    slice-pod traffic; the replicas' restarts must not change."""
+    counted = Counted(setup)
+    before = restarts(cluster)
+    with traffic(cluster, lt, f"renewals-{setup}", counted):
+        time.sleep(2)
+        last = None
+        for n in range(renewals):
+            last = reissue(cluster, SERVING, SECRET)
+            counted.steps.append(f"renewal {n + 1}: serial {last.serial_number:x}")
+        if last is not None:
+            seconds = wait_served(cluster, last)
+            counted.steps.append(f"{renewals} renewals: every replica serving the last {seconds:.0f} s after it")
+        if root:
+            rotate_root(cluster, counted.steps.append)
+    if restarts(cluster) != before:
+        raise RenewalError(f"replicas restarted: {before} -> {restarts(cluster)}")
+    for step in counted.steps:
+        say(step)
+    return counted
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m devtools.renewals", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setup", choices=["chain", "selfsigned"], default="chain")
+    parser.add_argument("--renewals", type=int, default=3)
+    parser.add_argument("--version", default=None, help="Kubernetes: newest (default), floor, 1.MINOR")
+    args = parser.parse_args(argv)
+    lt = LoopThread()
+    try:
+        with certmanager.cluster_with_chart(args.version) as cluster:
+            if args.setup == "selfsigned":
+                self_signed_leaf(cluster)
+            counted = count_renewals(cluster, lt, args.renewals, root=args.setup == "chain", setup=args.setup)
+            print(counted.line())
+            for line in counted.refused[:5]:
+                print("  " + line[:300])
+    except (RenewalError, RuntimeError, subprocess.CalledProcessError) as e:
+        print(f"renewals: {e}", file=sys.stderr)
+        return 1
+    finally:
+        lt.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
