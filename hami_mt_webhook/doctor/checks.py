@@ -6,6 +6,7 @@ network or the clock, so each check is tested over hand-written objects.
 """
 from __future__ import annotations
 
+from .cert_manager import cert_manager
 from .components import hami_memory_per_card, hami_webhook, kubernetes_version, scheduler, vendor
 from .model import (
     VENDOR_COMPONENTS,
@@ -31,6 +32,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("vendor", vendor),
     ("hami-webhook", hami_webhook),
     ("registration", registration),
+    ("cert-manager", cert_manager),
     ("availability", availability),
     ("scheduler", scheduler),
     ("capacity", capacity),

@@ -28,6 +28,7 @@ from .model import (
     node_reports,
     ref,
     sequence,
+    timestamp,
     unique,
 )
 
@@ -154,11 +155,7 @@ def hami_webhook(cluster: Cluster, settings: Settings) -> list[Finding]:
 # --- the scheduler ---------------------------------------------------------------------------------------
 
 def _created(obj: Mapping[str, Any]) -> dt.datetime | None:
-    text = metadata(obj).get("creationTimestamp")
-    try:
-        return dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
-    except ValueError:
-        return None
+    return timestamp(metadata(obj).get("creationTimestamp"))
 
 
 def _unattended(pod: Mapping[str, Any]) -> bool:

@@ -4,7 +4,8 @@ This is the doctor's only I/O, and it only reads (GET). The objects it needs eve
 cluster-wide (nodes, namespaces, pods not yet finished, Deployments, PodDisruptionBudgets,
 ResourceQuotas, webhook configurations); without permission for one of them doctor cannot run. A few
 it reads where allowed (the Services the webhooks call, HAMi's device ConfigMap, the webhook's TLS
-Secret): a refusal there becomes a note, not a failure.
+Secret, and where the configurations name cert-manager its Certificates and Issuers and the CA's Secret):
+a refusal there becomes a note, not a failure; so does a cluster without cert-manager's API.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from kubernetes import client
 from kubernetes import config as kubeconfig_loader
 from kubernetes.config.config_exception import ConfigException
 
-from . import model
+from . import cert_manager, model, serving
 from .components import device_configmap
 from .model import Cluster, Obj, Served
-from .registration import deployments_behind
 
 __all__ = ["Api", "CannotRun", "read"]
 
@@ -191,6 +191,7 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
         key = model.endpoint(client_config)
         if key not in cluster.served:
             cluster.served[key] = _served(api, cluster, client_config, probe)
+    _cert_manager(api, cluster)
     return cluster
 
 
@@ -202,24 +203,117 @@ def _served(api: Api, cluster: Cluster, client_config: Mapping[str, Any], probe:
         return Served(pem=probe(host, port), source=f"served at {host}:{port}")
     except (OSError, ssl.SSLError) as err:
         reached = f"{host}:{port} is not reachable from here ({err.strerror or err})"
-    svc = model.mapping(client_config.get("service"))
-    if not svc:
+    if not model.mapping(client_config.get("service")):
         return Served(error=reached)
-    service = next((s for s in cluster.services if model.namespace_of(s) == svc.get("namespace")
-                    and model.name_of(s) == svc.get("name")), None)
-    for deploy in deployments_behind(service, cluster.deployments) if service else []:
-        spec = model.mapping(model.mapping(model.mapping(deploy.get("spec")).get("template")).get("spec"))
-        for volume in model.sequence(spec.get("volumes")):
-            secret = model.mapping(model.mapping(volume).get("secret")).get("secretName")
-            if not secret:
-                continue
-            ns = model.namespace_of(deploy)
-            what = f"Secret {ns}/{secret}"
-            body = api.optional(f"/api/v1/namespaces/{ns}/secrets/{secret}", what, cluster)
-            crt = model.mapping((body or {}).get("data")).get("tls.crt")
-            if crt:
-                return Served(pem=base64.b64decode(crt),
-                              source=f"in {what} (mounted by Deployment {model.ref(deploy)})")
-            return Served(error=f"{reached}; {what}: {cluster.unreadable.get(what, 'no tls.crt in it')}")
+    tried = []
+    for deploy, name in serving.mounted_secrets(cluster, client_config):
+        ns = model.namespace_of(deploy)
+        what = f"Secret {ns}/{name}"
+        crt = model.mapping((_secret(api, cluster, ns, name) or {}).get("data")).get("tls.crt")
+        if crt:
+            return Served(pem=base64.b64decode(crt),
+                          source=f"in {what} (mounted by Deployment {model.ref(deploy)})")
+        tried.append(f"{what}: {cluster.unreadable.get(what, 'no tls.crt in it')}")
+    if tried:
+        return Served(error=f"{reached}; {'; '.join(tried)}")
     return Served(error=f"{reached}, and no Deployment behind the Service mounts a TLS Secret "
                         "doctor could read")
+
+
+#: The Secret keys doctor keeps: the certificates, never the key.
+SECRET_KEYS = ("tls.crt", "ca.crt")
+
+
+def _secret(api: Api, cluster: Cluster, namespace: str, name: str) -> Obj | None:
+    """A TLS Secret, once, where allowed: kept in `cluster.secrets` with its certificates only."""
+    what = f"Secret {namespace}/{name}"
+    found = serving.secret(cluster, namespace, name)
+    if found is not None or what in cluster.unreadable:
+        return found
+    body = api.optional(f"/api/v1/namespaces/{namespace}/secrets/{name}", what, cluster)
+    if body is None:
+        return None
+    meta = model.metadata(body)
+    kept: Obj = {"metadata": {"name": name, "namespace": namespace,
+                              "annotations": dict(model.mapping(meta.get("annotations")))},
+                 "data": {k: v for k, v in model.mapping(body.get("data")).items() if k in SECRET_KEYS}}
+    cluster.secrets.append(kept)
+    return kept
+
+
+# --- cert-manager ----------------------------------------------------------------------------------------
+
+CERT_MANAGER = "/apis/cert-manager.io/v1"
+
+
+def _cert_manager(api: Api, cluster: Cluster) -> None:
+    """Where the configurations ask cert-manager for their caBundle: the Certificates in their namespaces
+    (or the one named, where listing is refused), the issuer of each serving Certificate, the CA Certificate
+    of a CA Issuer (or its Secret, where no Certificate writes it), and the Secrets the pods mount. A
+    cluster without cert-manager's API is recorded in `cluster.cert_manager`; a refusal is a note."""
+    injected = cert_manager.injections(cluster)
+    if not injected:
+        return
+    status, body = api.get(CERT_MANAGER)
+    if status != 200:
+        cluster.cert_manager = ("the API server serves no cert-manager.io/v1 (cert-manager's CRDs are not "
+                                "installed)" if status == 404 else
+                                f"reading cert-manager.io/v1 failed with HTTP {status}: {_message(body)}")
+        return
+    listed: set[str] = set()
+    named = [(ns, name) for _, _, annotation, ns, name in injected if annotation == cert_manager.INJECT_CA_FROM]
+    mounted = [(model.namespace_of(deploy), name) for deploy, name in serving.serving_secrets(cluster)]
+    for ns in dict.fromkeys(ns for ns, _ in [*named, *mounted] if ns):
+        _certificates(api, cluster, ns, listed)
+    for ns, name in named:
+        if ns and ns not in listed and cert_manager.certificate(cluster, ns, name) is None:
+            _custom(api, cluster, "Certificate", "certificates", ns, name, cluster.certificates)
+    serving_certs = cert_manager.serving_certificates(cluster)
+    written = {(model.namespace_of(c), cert_manager.secret_name(c)) for c in serving_certs}
+    for ns, name in [m for m in mounted if m in written] or mounted:  # the TLS Secret, not every mounted one
+        _secret(api, cluster, ns, name)
+    for cert in serving_certs:
+        issued_by = cert_manager.issuer_ref(cert)
+        if issued_by is None:
+            continue
+        signer = cert_manager.issuer(cluster, *issued_by)
+        if signer is None:
+            kind, ns, name = issued_by
+            signer = _custom(api, cluster, kind, f"{kind.lower()}s", ns, name, cluster.issuers)
+        held = cert_manager.ca_secret(signer) if signer is not None else None
+        if held is None:
+            continue
+        _certificates(api, cluster, held[0], listed)
+        if not cert_manager.writing(cluster, *held):
+            _secret(api, cluster, *held)
+
+
+def _certificates(api: Api, cluster: Cluster, namespace: str, listed: set[str]) -> None:
+    """The Certificates of one namespace, once; a refusal is recorded as unreadable."""
+    if namespace in listed or f"Certificates in namespace {namespace}" in cluster.unreadable:
+        return
+    status, body = api.get(f"{CERT_MANAGER}/namespaces/{namespace}/certificates", [("limit", PAGE)])
+    if status != 200:
+        cluster.unreadable[f"Certificates in namespace {namespace}"] = (
+            "no permission to list them" if status == 403 else f"HTTP {status}: {_message(body)}")
+        return
+    listed.add(namespace)
+    for item in body.get("items") or []:
+        if isinstance(item, dict) and cert_manager.certificate(cluster, model.namespace_of(item),
+                                                               model.name_of(item)) is None:
+            cluster.certificates.append({**item, "kind": "Certificate"})
+
+
+def _custom(api: Api, cluster: Cluster, kind: str, plural: str, namespace: str, name: str,
+            into: list[Obj]) -> Obj | None:
+    """One cert-manager object by name (a ClusterIssuer has no namespace), where allowed."""
+    what = cert_manager.label(kind, namespace, name)
+    if what in cluster.unreadable:
+        return None
+    where = f"/namespaces/{namespace}" if namespace else ""
+    body = api.optional(f"{CERT_MANAGER}{where}/{plural}/{name}", what, cluster)
+    if body is None:
+        return None
+    found = {**body, "kind": kind}
+    into.append(found)
+    return found

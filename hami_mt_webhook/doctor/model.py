@@ -80,6 +80,12 @@ class Cluster:
     pdbs: list[Obj] = field(default_factory=list)
     quotas: list[Obj] = field(default_factory=list)
     configmaps: list[Obj] = field(default_factory=list)  # HAMi's device configuration, where readable
+    secrets: list[Obj] = field(default_factory=list)  # the webhook's TLS Secrets read: tls.crt and ca.crt only
+    # cert-manager's objects behind the webhook's certificate, where its configurations name cert-manager:
+    # Certificates, and the Issuers and ClusterIssuers they name (each with its `kind`).
+    certificates: list[Obj] = field(default_factory=list)
+    issuers: list[Obj] = field(default_factory=list)
+    cert_manager: str = ""  # why cert-manager's objects were not read (its API absent); "" when read or unused
     served: dict[str, Served] = field(default_factory=dict)  # by endpoint()
     unreadable: dict[str, str] = field(default_factory=dict)  # "ConfigMap ns/name" -> why it was not read
     version: Obj = field(default_factory=dict)  # the API server's /version, where it answered
@@ -94,6 +100,8 @@ class Settings:
     pending: dt.timedelta = dt.timedelta(minutes=5)
     #: A serving certificate or CA expiring within this is due for rotation.
     expiry_warning: dt.timedelta = dt.timedelta(days=30)
+    #: A cert-manager Certificate whose renewal time passed this long ago is not being renewed.
+    renewal_overdue: dt.timedelta = dt.timedelta(minutes=10)
 
 
 Check = Callable[[Cluster, Settings], list[Finding]]
@@ -116,6 +124,15 @@ def namespace_of(obj: Mapping[str, Any]) -> str:
 
 def ref(obj: Mapping[str, Any]) -> str:
     return f"{namespace_of(obj)}/{name_of(obj)}" if namespace_of(obj) else name_of(obj)
+
+
+def timestamp(text: Any) -> dt.datetime | None:
+    """An RFC 3339 time as the API server writes it (`2025-01-02T03:04:05Z`), or None."""
+    try:
+        parsed = dt.datetime.fromisoformat(str(text).replace("Z", "+00:00")) if text else None
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=dt.UTC) if parsed is not None and parsed.tzinfo is None else parsed
 
 
 def mapping(value: Any) -> Mapping[str, Any]:

@@ -2,27 +2,22 @@
 
 from __future__ import annotations
 
-import base64
 import ipaddress
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.x509.oid import NameOID
 
 from ..rules.config import Config
-from ..rules.selectors import labels_match, selector_matches
+from ..rules.selectors import selector_matches
 from .model import (
     Cluster,
     Finding,
-    Obj,
     Settings,
     counted,
     endpoint,
     endpoint_host,
     mapping,
-    metadata,
     name_of,
     namespace_of,
     ref,
@@ -31,6 +26,7 @@ from .model import (
     shipped_webhooks,
     unique,
 )
+from .serving import bundle, common_name, deployments_behind, pod_labels, signs
 
 # --- this webhook's registration -------------------------------------------------------------------------
 
@@ -97,29 +93,6 @@ def _match_conditions(where: str, hook: Mapping[str, Any], config: Config) -> li
     return []
 
 
-def _bundle(hook: Mapping[str, Any]) -> list[x509.Certificate]:
-    raw = mapping(hook.get("clientConfig")).get("caBundle")
-    if not raw:
-        return []
-    try:
-        return x509.load_pem_x509_certificates(base64.b64decode(raw))
-    except ValueError:
-        return []
-
-
-def _cn(cert: x509.Certificate) -> str:
-    names = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
-    return str(names[0].value) if names else cert.subject.rfc4514_string()
-
-
-def _signs(ca: x509.Certificate, leaf: x509.Certificate) -> bool:
-    try:
-        leaf.verify_directly_issued_by(ca)
-        return True
-    except (InvalidSignature, ValueError, TypeError):  # a wrong key, a name mismatch, an unsupported key type
-        return False
-
-
 def _names_host(cert: x509.Certificate, host: str) -> bool:
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -141,8 +114,8 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
     lifetime once per endpoint (the three webhooks usually share one), under the endpoint's name."""
     client_config = mapping(hook.get("clientConfig"))
     key = endpoint(client_config)
-    bundle = _bundle(hook)
-    if not bundle:
+    cas = bundle(hook)
+    if not cas:
         return [Finding("registration", where,
                         f"webhook {hook.get('name')} has no readable caBundle: the API server cannot verify "
                         f"{key} and refuses every call; apply certs/webhook-configurations.yaml again (or "
@@ -164,11 +137,11 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
                         "checked; run doctor where the endpoint is reachable (in the cluster), or with "
                         "permission to read the webhook's TLS Secret", action=False)] if first else []
     found = []
-    signers = [ca for ca in bundle if _signs(ca, leaf)]
+    signers = [ca for ca in cas if signs(ca, leaf)]
     if not signers:
         found.append(Finding("registration", where,
                              f"the caBundle of webhook {hook.get('name')} (CA "
-                             f"{', '.join(_cn(c) for c in bundle)}) does not sign the certificate "
+                             f"{', '.join(common_name(c) for c in cas)}) does not sign the certificate "
                              f"{served.source} (issued by {leaf.issuer.rfc4514_string()}): the API server "
                              "refuses every call (x509: certificate signed by unknown authority); apply the "
                              "configurations with the CA that issued the serving certificate "
@@ -183,7 +156,7 @@ def _trust(where: str, hook: Mapping[str, Any], cluster: Cluster, settings: Sett
                              "it; issue it again for that name "
                              "(hami-mt-webhook certs --rotate --force --san ...)"))
     for cert, what in [(leaf, f"the serving certificate ({served.source})"),
-                       *((ca, f"the CA {_cn(ca)}") for ca in signers)]:
+                       *((ca, f"the CA {common_name(ca)}") for ca in signers)]:
         ends = cert.not_valid_after_utc
         if ends <= cluster.now:
             found.append(Finding("registration", at,
@@ -231,18 +204,6 @@ def availability(cluster: Cluster, settings: Settings) -> list[Finding]:
     return found
 
 
-def _pod_labels(deploy: Mapping[str, Any]) -> Mapping[str, str]:
-    template = mapping(mapping(deploy.get("spec")).get("template"))
-    return mapping(metadata(template).get("labels"))
-
-
-def deployments_behind(service: Mapping[str, Any], deployments: Iterable[Obj]) -> list[Obj]:
-    """The Deployments in the Service's namespace whose pods its selector selects."""
-    selector = mapping(mapping(service.get("spec")).get("selector"))
-    return [d for d in deployments if selector and namespace_of(d) == namespace_of(service)
-            and labels_match(selector, _pod_labels(d))]
-
-
 def _replicas(deploy: Mapping[str, Any], cluster: Cluster) -> list[Finding]:
     where = f"Deployment {ref(deploy)}"
     want = mapping(deploy.get("spec")).get("replicas", 1)
@@ -259,7 +220,7 @@ def _replicas(deploy: Mapping[str, Any], cluster: Cluster) -> list[Finding]:
                              f"runs {counted(want, 'replica')}: a drain or a crash refuses every slice pod "
                              "(failurePolicy Fail); run 3, as shipped (docs/operating.md#availability)"))
     pdbs = [p for p in cluster.pdbs if namespace_of(p) == namespace_of(deploy)
-            and selector_matches(mapping(p.get("spec")).get("selector"), _pod_labels(deploy))
+            and selector_matches(mapping(p.get("spec")).get("selector"), pod_labels(deploy))
             and mapping(mapping(p.get("spec")).get("selector"))]
     if not pdbs:
         found.append(Finding("availability", where,
