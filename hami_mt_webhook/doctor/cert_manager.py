@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
 
 from .model import (
     Cluster,
@@ -43,7 +44,7 @@ INJECT_CA_FROM_SECRET = "cert-manager.io/inject-ca-from-secret"
 #: with another `--cluster-resource-namespace`.
 CLUSTER_RESOURCE_NAMESPACE = "cert-manager"
 LOGS = "kubectl -n cert-manager logs deploy/cert-manager"
-ROTATION = "docs/operating.md#cert-manager"
+ROTATION = "docs/operating.md#rotating-the-root"
 
 Injection = tuple[str, Obj, str, str, str]  # kind, configuration, annotation, namespace, name
 
@@ -246,8 +247,9 @@ def _chain(cert: Obj, cluster: Cluster, settings: Settings) -> list[Finding]:
         ends = timestamp(mapping(root.get("status")).get("notAfter"))
         found.extend(_outlives(f"Certificate {ref(root)}", "the CA certificate", ends, cert, due, cluster,
                                settings))
+        found.extend(_root_renewal(root, cert, cluster, settings))
     if roots:
-        return found
+        return found + _rotated_alone(cert, namespace, name, due, cluster)
     what = f"Secret {namespace}/{name}"
     held_secret = secret(cluster, namespace, name)
     cas = pem_certificates(mapping((held_secret or {}).get("data")).get("tls.crt"))
@@ -335,3 +337,40 @@ def _signed(cluster: Cluster, injected: list[Injection], namespace: str, name: s
                              "server refuses every call once the replicas load it (within about a minute); "
                              + fix))
     return found
+
+
+def _root_renewal(root: Obj, cert: Obj, cluster: Cluster, settings: Settings) -> list[Finding]:
+    """cert-manager renews the root by itself at its renewalTime; renewed alone, the next renewal of the serving
+    certificate is signed by a CA the caBundle does not hold yet. Before that: rotate it by the order."""
+    at = timestamp(mapping(root.get("status")).get("renewalTime"))
+    if at is None or at <= cluster.now or at >= cluster.now + settings.expiry_warning:
+        return []  # past: _state says it is overdue
+    return [Finding(CHECK, f"Certificate {ref(root)}",
+                    f"cert-manager renews this CA on {_at(at)}: renewed alone, the next renewal of the serving "
+                    f"certificate (Certificate {ref(cert)}) is signed by a CA no caBundle holds yet and every "
+                    f"call is refused until the replicas load it; rotate the root before then, as {ROTATION} "
+                    "says")]
+
+
+def _rotated_alone(cert: Obj, namespace: str, name: str, due: dt.datetime | None,
+                   cluster: Cluster) -> list[Finding]:
+    """The root in its Secret no longer signs the serving certificate and the caBundle lacks it: the root was
+    renewed without the rest of the order, and the serving certificate's next renewal will be refused."""
+    held = secret(cluster, namespace, name)
+    cas = pem_certificates(mapping((held or {}).get("data")).get("tls.crt"))
+    serving = secret(cluster, namespace_of(cert), secret_name(cert))
+    leaves = pem_certificates(mapping((serving or {}).get("data")).get("tls.crt"))
+    if not cas or not leaves or signs(cas[0], leaves[0]):
+        return []
+    trusted = [c for hook in _hooks(cluster) for c in bundle(hook)]
+    if any(c.public_bytes(Encoding.DER) == cas[0].public_bytes(Encoding.DER) for c in trusted):
+        return []  # mid-rotation, step 2 done: the new root is trusted already
+    return [Finding(CHECK, f"Secret {namespace}/{name}",
+                    f"holds a CA ({common_name(cas[0])}) that did not sign the serving certificate and that no "
+                    f"caBundle holds: the root was renewed on its own; the serving certificate's next renewal "
+                    f"(at {_at(due)}) will be refused by the API server until every replica loads it; do steps "
+                    f"2 to 4 of the root's rotation now, as {ROTATION} says")]
+
+
+def _hooks(cluster: Cluster) -> list[Mapping[str, Any]]:
+    return [mapping(h) for doc in [*cluster.mutating, *cluster.validating] for h in doc.get("webhooks") or []]

@@ -252,7 +252,7 @@ def test_a_root_expiring_before_the_next_renewal_is_due_for_rotation():
          f"the CA certificate expires on {NOW + dt.timedelta(days=70):%Y-%m-%d %H:%M} UTC (in 69 days), "
          "less than 30 days after the serving certificate's next renewal (Certificate "
          f"{NS}/{NAME}, at {NOW + dt.timedelta(days=60):%Y-%m-%d %H:%M} UTC): a certificate issued from it "
-         "cannot outlive it; rotate the root now, as docs/operating.md#cert-manager says")]
+         "cannot outlive it; rotate the root now, as docs/operating.md#rotating-the-root says")]
     cluster.certificates[1]["status"]["notAfter"] = stamp(NOW + dt.timedelta(days=91))
     assert cm(cluster)[0] == []
 
@@ -422,3 +422,32 @@ def test_fetch_without_cert_manager_reads_the_served_certificate_from_the_mounte
     assert got.pem is None and got.error == (
         f"{NAME}.{NS}.svc:443 is not reachable from here ({NAME}.{NS}.svc does not resolve here); "
         f"Secret {NS}/{TLS}: it does not exist; Secret {NS}/unrelated: it does not exist")
+
+
+def test_a_root_cert_manager_is_about_to_renew_alone_is_due_for_rotation():
+    cluster = installed()
+    cluster.certificates[1]["status"]["renewalTime"] = stamp(NOW + dt.timedelta(days=20))
+    actions, _ = cm(cluster)
+    assert [f.object for f in actions] == [f"Certificate {NS}/{NAME}-root"]
+    assert actions[0].message.startswith(
+        f"cert-manager renews this CA on {NOW + dt.timedelta(days=20):%Y-%m-%d %H:%M} UTC: renewed alone")
+    assert "rotate the root before then, as docs/operating.md#rotating-the-root says" in actions[0].message
+
+
+def test_a_root_renewed_alone_is_found_before_the_serving_renewal_is_refused():
+    cluster = installed()
+    new_root = certs.new_ca("hami-mt-webhook-root")
+    cluster.secrets.append(tls_secret(ROOT_SECRET, new_root, new_root))
+    actions, _ = cm(cluster)
+    assert [f.object for f in actions] == [f"Secret {NS}/{ROOT_SECRET}"]
+    assert "the root was renewed on its own" in actions[0].message
+    assert "do steps 2 to 4 of the root's rotation now" in actions[0].message
+    # step 2 done (both roots in every caBundle): nothing to say
+    cluster.mutating, cluster.validating = registered(ca_pem=ROOT.cert_pem() + new_root.cert_pem())
+    for doc in configurations(cluster):
+        doc["metadata"]["annotations"] = {INJECT: f"{NS}/{NAME}"}
+    assert cm(cluster)[0] == []
+    # the old root in its Secret still signs the leaf: nothing to say either
+    cluster = installed()
+    cluster.secrets.append(tls_secret(ROOT_SECRET, ROOT, ROOT))
+    assert cm(cluster)[0] == []
