@@ -4,14 +4,14 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image \
+.PHONY: setup run release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
 	image-tools node-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# the rules stay .py here (setup.py); setuptools' notice about editable installs is not news to anyone
-	HAMI_MT_PURE_PYTHON=1 PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[test]'
+	HAMI_MT_PURE_PYTHON=1 PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[test,doctor]'
 	touch $@
 
 setup: $(VENV)/.installed
@@ -83,6 +83,8 @@ test-e2e-floor: setup controlplane-floor prometheus
 # Where the Dockerfile's python:3.11 bases come from when local storage lacks them: auto (a pull, else
 # stand-ins made from Debian's packages), pull, or standin (never a registry; what make test uses).
 IMAGE_BASES ?= auto
+# linux/amd64 (localhost/hami-mt-webhook:<version>) or linux/arm64 (<version>-arm64), cross-compiled.
+IMAGE_PLATFORM ?= linux/amd64
 # `make run NODE=1` never waits on a registry unless told to: stand-ins, unless IMAGE_BASES is given.
 RUN_IMAGE_BASES := $(if $(filter file,$(origin IMAGE_BASES)),standin,$(IMAGE_BASES))
 
@@ -144,8 +146,19 @@ hami-source:  # before anything is built: what to do when no HAMi tree is named
 	  echo "  git clone https://github.com/Project-HAMi/HAMi && git -C HAMi checkout v2.10.0" >&2; \
 	  echo "  HAMI_MT_HAMI_SOURCE=\$$PWD/HAMi make test-hami" >&2; exit 1; }
 
+# The image's runtime dependencies (pyproject.toml's, transitively), pinned with the hash of every file of each
+# version: x86_64 and aarch64 wheels alike, so both images install from it with --require-hashes. pip-tools
+# runs from a virtualenv of its own, made and removed here; only PyPI is asked (no local find-links).
+LOCK := requirements/image.lock
+PIP_TOOLS := pip-tools==7.7.0
+lock:  ## regenerate requirements/image.lock after a change of pyproject.toml's dependencies
+	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(PYTHON) -m venv "$$tmp" && \
+	  "$$tmp/bin/pip" install -q '$(PIP_TOOLS)' && \
+	  env -u PIP_FIND_LINKS CUSTOM_COMPILE_COMMAND='make lock' HAMI_MT_PURE_PYTHON=1 "$$tmp/bin/pip-compile" --quiet \
+	    --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --output-file $(LOCK) pyproject.toml
+
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
-	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES)
+	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
 test: lint controlplane controlplane-floor prometheus node-tools release-test-tools release-tools  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault and release tiers on the newest
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin

@@ -6,7 +6,10 @@ From the entry points down to the leaves:
 Entry points (each `python -m devtools.<name>`)
     local        `make run`: the webhook beside a local control plane, or the chart on real nodes
     compat       `make compat`: the e2e tier on every Kubernetes minor, and its table
-    image        `make image`: the Dockerfile built with podman, stand-in bases from Debian's packages
+    image        `make image`: the Dockerfile built with podman for amd64 or arm64 (cross-compiled), stand-in
+                 bases from Debian's packages
+    release      `make release`: both architectures' images under one index, the chart by digest, cosign
+                 signatures and SBOM attestations by key, and dist/ (the offline bundle)
     changelog    the release notes: one version's section of CHANGELOG.md
     faults       `make faults`: a replica or its node broken under slice-pod traffic, failover off and on;
                  the fault tier's scenarios
@@ -34,6 +37,7 @@ Clusters to test against
     node         one such node (`Host`), its configurations, cgroups and processes, the pause image
     controlplane etcd and kube-apiserver (and the controllers) on loopback; `controlplane up|down`
     controllers  kube-controller-manager and kube-scheduler beside it
+    registry     a container registry (Debian's docker-registry) inside the nodes' fabric, for the release tier
     hami         HAMi's scheduler extender and webhook, built from a HAMi tree fetched beside this one
     hami_webhook/  (Go) HAMi's webhook served alone, as HAMi's scheduler binary serves it
 
@@ -48,5 +52,6 @@ What they are made of (the leaves)
     cluster      the S4000/S5000 test cluster, defined once
     fleet        Node objects shaped like kubelet's, thousands at a time
     attacks      hostile clients: what any pod that reaches the webhook's port can try
+    oci          an image's OCI archive unpacked and run chrooted, through qemu for arm64
     traffic      slice pods created at a rate through the API server, every outcome timed
 """

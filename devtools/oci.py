@@ -105,7 +105,8 @@ def run_in(rootfs: Path, arch: str, argv: Sequence[str], timeout: float = 300) -
             raise OciError(f"{QEMU[arch]} is missing: Debian's qemu-user-static (make release-test-tools)")
         shutil.copy2(QEMU[arch], rootfs / "qemu")
         prefix = ["/qemu"]
-    return subprocess.run(["chroot", str(rootfs), *prefix, *argv], capture_output=True, text=True,
+    chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+    return subprocess.run([chroot, str(rootfs), *prefix, *argv], capture_output=True, text=True,
                           timeout=timeout, stdin=subprocess.DEVNULL, env={"PATH": "/usr/bin", "LANG": "C.UTF-8"})
 
 

@@ -151,8 +151,9 @@ class Tools:
                                f"{done.stdout[-1500:]}{done.stderr[-3000:]}")
         return done.stdout + done.stderr
 
-    def cosign(self, *args: str) -> str:
-        http = ["--allow-http-registry"] if self.plain_http else []
+    def cosign(self, *args: str, registry: bool = True) -> str:
+        """cosign `args`; a verb that talks to the registry is told when that is plain HTTP."""
+        http = ["--allow-http-registry"] if self.plain_http and registry else []
         return self.run(str(self.bin_dir / "cosign"), *args[:1], *http, *args[1:])
 
     def cosign_offline(self, verb: str, key: Path, ref: str, *args: str) -> str:
@@ -319,7 +320,7 @@ def sha256sums(dist: Path, names: Sequence[str]) -> str:
 
 def finish_dist(rel: Release, dist: Path, key: Path, tools: Tools) -> None:
     """release.json, the notes, the public key, SHA256SUMS and its signature."""
-    (dist / "cosign.pub").write_text(tools.cosign("public-key", "--key", str(key)))
+    (dist / "cosign.pub").write_text(tools.cosign("public-key", "--key", str(key), registry=False))
     (dist / "RELEASE-NOTES.md").write_text(notes(rel, changelog.section(CHANGELOG.read_text(),
                                                                          rel.version.split("-")[0])))
     rel.files = sorted(p.name for p in dist.iterdir() if p.is_file() and not p.name.startswith("SHA256SUMS"))
@@ -327,7 +328,7 @@ def finish_dist(rel: Release, dist: Path, key: Path, tools: Tools) -> None:
     (dist / "release.json").write_text(json.dumps(asdict(rel), indent=2) + "\n")
     (dist / "SHA256SUMS").write_text(sha256sums(dist, rel.files))
     tools.cosign("sign-blob", "--key", str(key), "--tlog-upload=false", "--yes", "--output-signature",
-                 str(dist / "SHA256SUMS.sig"), str(dist / "SHA256SUMS"))
+                 str(dist / "SHA256SUMS.sig"), str(dist / "SHA256SUMS"), registry=False)
 
 
 def release(registry: str, key: str | None, version: str = __version__, dist: Path = REPO_ROOT / "dist",

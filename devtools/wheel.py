@@ -103,12 +103,13 @@ def _one(dest: Path, pattern: str) -> Path:
 
 
 def install(dest: Path) -> Installed:
-    """Build the wheel and install it with its dependencies into a new virtualenv at `dest/venv`."""
+    """Build the wheel and install it with its dependencies and the `doctor` extra (the Kubernetes client, as
+    operators install the CLI) into a new virtualenv at `dest/venv`."""
     wheel = build(dest / "dist")
     installed = Installed(dest / "venv", wheel)
     bare_python(installed.root)
     _run([str(installed.python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-          str(wheel)])
+          f"{wheel}[doctor]"])
     return installed
 
 

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
+#: What the `doctor` extra installs (the Kubernetes client and its HTTP library); the image leaves them out.
+DOCTOR_EXTRA = ("kubernetes", "urllib3")
+
 
 def _flag(group: argparse._ActionsContainer, setting: Setting, default: str | None) -> None:
     """`setting`'s flag, its help ending with its variable and default; an int or float default makes
@@ -133,7 +136,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_review(args.files, args.nodes, _load_config(args), args.output, strict=args.strict,
                               verbose=args.verbose)
         if args.command == "doctor":
-            from .doctor import run_doctor
+            try:
+                from .doctor import run_doctor
+            except ImportError as err:  # the image, or a plain `pip install`: no Kubernetes client
+                if (err.name or "").partition(".")[0] not in DOCTOR_EXTRA:
+                    raise
+                print("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: "
+                      "pip install 'hami-mt-webhook[doctor]'", file=sys.stderr)
+                return 2
             if args.pending_minutes < 0:
                 raise ValueError(f"--pending-minutes must not be negative, got {args.pending_minutes:g}")
             return run_doctor(args.kubeconfig, _load_config(args), args.output, args.pending_minutes)

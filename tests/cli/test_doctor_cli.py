@@ -50,3 +50,20 @@ def test_bad_settings_are_refused_before_reading(tmp_path, capsys):
     assert "--pending-minutes must not be negative" in capsys.readouterr().err
     assert cli.main(["doctor", "--kubeconfig", str(tmp_path / "none"), "--memory-per-card", "x"]) == 2
     assert "--memory-per-card must be whole numbers of 512 MiB units, e.g. 96,160; got 'x'" in capsys.readouterr().err
+
+
+def test_without_the_doctor_extra(monkeypatch, capsys):
+    """The image and a plain `pip install` have no Kubernetes client: one line saying what to install."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # `import kubernetes` now fails as if not installed
+    import hami_mt_webhook.doctor
+
+    for name in ("hami_mt_webhook.cli.doctor", "hami_mt_webhook.doctor.fetch"):  # imported afresh
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.delattr(hami_mt_webhook.doctor, "fetch", raising=False)
+    assert cli.main(["doctor"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    assert err == ("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: "
+                   "pip install 'hami-mt-webhook[doctor]'")

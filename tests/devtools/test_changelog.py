@@ -66,7 +66,7 @@ def test_an_empty_section_is_refused() -> None:
 def test_the_repositorys_changelog_has_the_first_release_and_unreleased() -> None:
     text = changelog.CHANGELOG.read_text()
     assert "signed" in changelog.section(text, "0.1.0")
-    changelog.section(text, "Unreleased")
+    assert "\n## [Unreleased]\n" in text  # where the next release's changes are written
 
 
 def test_main_prints_the_notes_or_fails_with_a_message(tmp_path, capsys) -> None:

@@ -55,7 +55,8 @@ class Published:
         return str(self.made["version"])
 
     def cosign(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        cmd = [str(self.tools.bin_dir / "cosign"), *args[:1], "--allow-http-registry", *args[1:]]
+        http = [] if args[0].endswith("-blob") else ["--allow-http-registry"]
+        cmd = [str(self.tools.bin_dir / "cosign"), *args[:1], *http, *args[1:]]
         done = subprocess.run(cmd, capture_output=True, text=True, env=self.tools.env, timeout=120)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(cmd)} exited with {done.returncode}:\n{done.stderr}")

@@ -32,19 +32,21 @@ def test_replicas_run_the_pushed_digest(installed: Published) -> None:
     made = installed.made
     running = [pod for pod in pods(installed) if pod["status"]["phase"] == "Running"]
     assert len(running) == 3
-    want = f"{installed.registry.address}/{release.NAME}:{made['version']}@{made['index_digest']}"
+    want = f"{installed.registry.address}/{release.NAME}@{made['index_digest']}"  # the chart's digest, our mirror
+    image_ids = set()
     for pod in running:
         assert pod["spec"]["containers"][0]["image"] == want
         status = pod["status"]["containerStatuses"][0]
         assert status["ready"] is True
-        # the digest of what containerd resolved for this node's architecture, or the index that names it
-        assert status["imageID"].rsplit("@", 1)[1] in (made["digests"]["amd64"], made["index_digest"])
+        image_ids.add(status["imageID"])
+    # kubelet reports the repository digest containerd resolved: the index the chart pins, by the mirror's name
+    assert image_ids == {f"{installed.registry.address}/{release.NAME}@{made['index_digest']}"}
     host = installed.cluster.host(installed.cluster.names[0])
-    listed = host.ctr("images", "ls").stdout
-    assert made["index_digest"] in listed
-    content = host.ctr("content", "ls").stdout
-    assert made["digests"]["amd64"] in content  # the amd64 image was fetched
+    content = {line.split()[0] for line in host.ctr("content", "ls").stdout.splitlines()[1:] if line.strip()}
+    assert made["index_digest"] in content
+    assert made["digests"]["amd64"] in content  # this node's architecture's image was fetched
     assert made["digests"]["arm64"] not in content  # and only it
+    MEASURED.append(f"replicas' imageID {image_ids.pop()}; the node fetched linux/amd64 {made['digests']['amd64']}")
 
 
 def test_slice_pod_is_mutated_through_the_service(installed: Published) -> None:
@@ -195,3 +197,19 @@ def test_sizes_within_target(published: Published) -> None:
     assert sizes["arm64"] <= 150, sizes
 
 
+
+
+def test_images_carry_the_oci_labels(published: Published) -> None:
+    made = published.made
+    for arch, digest in made["digests"].items():
+        config = json.loads(subprocess.run(
+            ["skopeo", "inspect", "--config", "--tls-verify=false",
+             f"docker://{published.registry.local}/{release.NAME}@{digest}"],
+            capture_output=True, text=True, check=True, timeout=60).stdout)
+        assert config["architecture"] == arch and config["os"] == "linux"
+        labels = config["config"]["Labels"]
+        assert labels["org.opencontainers.image.revision"] == made["revision"]
+        assert labels["org.opencontainers.image.version"] == made["version"]
+        assert labels["org.opencontainers.image.licenses"] == "Apache-2.0"
+        assert labels["org.opencontainers.image.source"]
+        assert config["config"]["User"] == "65532:65532"
