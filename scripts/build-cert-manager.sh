@@ -9,9 +9,11 @@
 # run `go mod tidy` there). cert-manager's own command modules (cmd/controller, cmd/cainjector, cmd/webhook
 # of its repository) are not served by the Go module proxy, so each command is a main package of
 # controlplane/cert-manager/ (one directory per command) over the packages of the module the proxy serves.
-# Every such directory is built (now: webhook; the controller's and cainjector's command packages, cmd/*/app
-# upstream, live only in those unserved modules, so they have no directory here yet); the CRDs come out of the module's Helm chart (deploy/charts/cert-manager),
-# whose crd-*.yaml templates use four template actions only, rendered here with sed.
+# Every such directory is built (controller, cainjector, webhook: ours, doing what upstream's cmd/*/app do,
+# which live only in those unserved modules). The Venafi client module those packages link is not served
+# either: go.mod replaces it with controlplane/cert-manager/vcert, a stand-in whose connections all fail.
+# The CRDs come out of the module's Helm chart (deploy/charts/cert-manager), whose crd-*.yaml templates use
+# four template actions only, rendered here with sed.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
