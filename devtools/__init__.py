@@ -38,6 +38,7 @@ Clusters to test against
     controlplane etcd and kube-apiserver (and the controllers) on loopback; `controlplane up|down`
     controllers  kube-controller-manager and kube-scheduler beside it
     registry     a container registry (Debian's docker-registry) inside the nodes' fabric, for the release tier
+    certmanager  cert-manager on those nodes from its own chart, its commands built here as images FROM scratch
     hami         HAMi's scheduler extender and webhook, built from a HAMi tree fetched beside this one
     hami_webhook/  (Go) HAMi's webhook served alone, as HAMi's scheduler binary serves it
 

@@ -1,0 +1,102 @@
+// Command webhook is cert-manager's webhook (API validation, mutation and conversion for its resources):
+// the same flags, configuration file and server as the upstream command, over the packages of the
+// github.com/cert-manager/cert-manager module.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+
+	"github.com/cert-manager/cert-manager/internal/apis/config/webhook/validation"
+	"github.com/cert-manager/cert-manager/internal/cmd/util"
+	cmwebhook "github.com/cert-manager/cert-manager/internal/webhook"
+	logf "github.com/cert-manager/cert-manager/pkg/logs"
+	cmutil "github.com/cert-manager/cert-manager/pkg/util"
+	"github.com/cert-manager/cert-manager/pkg/util/configfile"
+	utilfeature "github.com/cert-manager/cert-manager/pkg/util/feature"
+	webhookconfigfile "github.com/cert-manager/cert-manager/pkg/webhook/configfile"
+	"github.com/cert-manager/cert-manager/pkg/webhook/options"
+	ctrl "sigs.k8s.io/controller-runtime"
+)
+
+func main() {
+	ctx, exit := util.SetupExitHandler(context.Background(), util.GracefulShutdown)
+	defer exit() // may call os.Exit, so deferred first
+
+	logf.InitLogs()
+	defer logf.FlushLogs()
+	ctrl.SetLogger(logf.Log)
+	ctx = logf.NewContext(ctx, logf.Log, "webhook")
+
+	if err := command(ctx, os.Args[1:]).ExecuteContext(ctx); err != nil {
+		logf.Log.Error(err, "error executing command")
+		util.SetExitCode(err)
+	}
+}
+
+func command(ctx context.Context, args []string) *cobra.Command {
+	flags := options.NewWebhookFlags()
+	cfg, err := options.NewWebhookConfiguration()
+	if err != nil {
+		logf.FromContext(ctx).Error(err, "cannot create the webhook configuration")
+		os.Exit(1)
+	}
+	setGates := func() error { return utilfeature.DefaultMutableFeatureGate.SetFromMap(cfg.FeatureGates) }
+	cmd := &cobra.Command{
+		Use:           "webhook",
+		Short:         "cert-manager's webhook: validation, mutation and conversion of its resources",
+		Version:       cmutil.VersionInfo().GitVersion,
+		SilenceErrors: true,
+		SilenceUsage:  true,
+		PreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := setGates(); err != nil {
+				return err
+			}
+			if flags.Config != "" {
+				// The file first, then the flags again: a flag given on the command line wins.
+				path, err := filepath.Abs(flags.Config)
+				if err != nil {
+					return err
+				}
+				loader, err := configfile.NewConfigurationFSLoader(nil, path)
+				if err != nil {
+					return fmt.Errorf("config file %s: %w", path, err)
+				}
+				fromFile := webhookconfigfile.New()
+				if err := loader.Load(fromFile); err != nil {
+					return fmt.Errorf("config file %s: %w", path, err)
+				}
+				fromFile.Config.DeepCopyInto(cfg)
+				if err := cmd.ParseFlags(args); err != nil {
+					return err
+				}
+				if err := setGates(); err != nil {
+					return err
+				}
+			}
+			if errs := validation.ValidateWebhookConfiguration(cfg, nil); len(errs) > 0 {
+				return fmt.Errorf("invalid flags: %w", errs.ToAggregate())
+			}
+			return logf.ValidateAndApply(&cfg.Logging)
+		},
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			log := logf.FromContext(cmd.Context(), "webhook")
+			v := cmutil.VersionInfo()
+			log.Info("starting cert-manager webhook", "version", v.GitVersion, "git_commit", v.GitCommit,
+				"go_version", v.GoVersion, "platform", v.Platform)
+			srv, err := cmwebhook.NewCertManagerWebhookServer(log, *cfg)
+			if err != nil {
+				return err
+			}
+			return srv.Run(cmd.Context())
+		},
+	}
+	flags.AddFlags(cmd.Flags())
+	options.AddConfigFlags(cmd.Flags(), cfg)
+	cmd.SetArgs(args)
+	return cmd
+}

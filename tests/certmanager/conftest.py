@@ -1,0 +1,57 @@
+"""The cert-manager tier: cert-manager installed from its own Helm chart on one real node (kubelet,
+containerd), its controller, webhook and cainjector built here from the Go module proxy as images FROM
+scratch (`devtools.certmanager`). Root and minutes, so it runs only when asked: `pytest -m certmanager`.
+What it measured is printed at the end of the run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from devtools import certmanager
+from devtools.binaries import ControlPlaneError
+from devtools.nodes import Cluster
+from tests.tiers import only_when_selected, report_measured
+
+DIR = Path(__file__).resolve().parent
+#: Lines for the summary at the end of the run: what the tier measured.
+MEASURED: list[str] = []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only_when_selected(config, items, "certmanager", DIR)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    report_measured(terminalreporter, "certmanager tier", MEASURED)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """One node with cert-manager's images in its containerd, and cert-manager installed by its chart."""
+    started = time.monotonic()
+    try:
+        images = list(certmanager.images().values())
+    except (certmanager.CertManagerError, RuntimeError) as e:
+        pytest.fail(f"cert-manager's images could not be built:\n{e}", pytrace=False)
+    MEASURED.append(f"images ({', '.join(images)}) ready in {time.monotonic() - started:.1f} s")
+    n = Cluster(1, images=images)
+    try:
+        n.start()
+    except (ControlPlaneError, RuntimeError) as e:
+        pytest.fail(f"the node did not start:\n{e}", pytrace=False)
+    MEASURED.append(f"node {n.controlplane.git_version} Ready {n.startup_seconds:.1f} s after the start")
+    try:
+        try:
+            seconds = certmanager.install(n)
+        except RuntimeError as e:
+            pytest.fail(str(e), pytrace=False)
+        MEASURED.append(f"helm install of cert-manager {certmanager.version()} to its Deployments Available and "
+                        f"its webhook answering: {seconds:.1f} s")
+        yield n
+    finally:
+        n.stop()
+        MEASURED.append(f"tier session {time.monotonic() - started:.0f} s")
