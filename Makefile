@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
+.PHONY: setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
 	image-tools node-tools controlplane controlplane-floor certs clean
 
 $(VENV)/.installed: pyproject.toml setup.py
@@ -160,13 +160,14 @@ lock:  ## regenerate requirements/image.lock after a change of pyproject.toml's 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
-test: lint controlplane controlplane-floor prometheus node-tools release-test-tools release-tools  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault and release tiers on the newest
+test: lint controlplane controlplane-floor prometheus node-tools release-test-tools release-tools cert-manager  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers on the newest
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 	$(PY) -m pytest -q -m node
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m node
 	$(PY) -m pytest -q -m faults
+	$(PY) -m pytest -q -m certmanager
 	$(PY) -m pytest -q -m release
 
 # The release (devtools/release.py, README "Releases"): the image for linux/amd64 and linux/arm64 under one
@@ -198,6 +199,23 @@ release-test-tools: release-image-tools
 # installed from it by digest on a real node, signatures, SBOMs, the offline bundle, arm64 under qemu.
 test-release: setup controlplane node-tools release-test-tools release-tools  ## the release installed as a cluster installs it (root)
 	$(PY) -m pytest -q -m release
+
+# cert-manager v1.21 (controller, cainjector, webhook) built from its Go module into a versioned cache
+# (scripts/build-cert-manager.sh), for the cert-manager tier and `make renewals`.
+cert-manager:  ## build cert-manager's commands (cached outside the tree; prints where)
+	@scripts/build-cert-manager.sh >&2
+
+# The cert-manager tier (tests/certmanager): cert-manager installed by its own chart on a real node, the chart
+# with certManager.enabled=true, three renewals and a root rotation under 20 slice pods/s, none refused.
+test-certmanager: setup controlplane node-tools cert-manager  ## cert-manager's renewals under traffic on a real node (root)
+	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	$(PY) -m pytest -q -m certmanager
+
+RENEWALS_ARGS ?=
+
+renewals: setup controlplane node-tools cert-manager  ## figures, not a test: renewals under traffic (RENEWALS_ARGS="--setup selfsigned")
+	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	$(PY) -m devtools.renewals $(RENEWALS_ARGS)
 
 COMPAT_ARGS ?=
 

@@ -15,9 +15,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
-from devtools import image
+from devtools import image, local
 from devtools.binaries import binaries as controlplane_binaries
 from devtools.local import helm
 from devtools.nodes import Cluster
@@ -45,8 +46,8 @@ def version() -> str:
 
 
 def binaries() -> Path:
-    """The directory with the controller, webhook and cainjector binaries and cert-manager.crds.yaml, built
-    once by the build script into a cache keyed by version and Go version (progress to our stderr)."""
+    """The directory with the controller, webhook and cainjector binaries, built once by the build script into
+    a cache keyed by version, Go version and our sources (progress to our stderr)."""
     proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stderr is not None
@@ -145,3 +146,17 @@ def install(cluster: Cluster, timeout: float = 180) -> float:
             raise CertManagerError(f"cert-manager not ready {timeout:.0f} s after helm install (waiting for "
                                    f"{waiting_for}):\n{pods}\n{events}")
         time.sleep(0.5)
+
+
+@contextlib.contextmanager
+def cluster_with_chart(version: str | None = None, nodes: int = 1) -> Iterator[Cluster]:
+    """`nodes` real nodes with cert-manager installed by its chart, then this webhook's chart with
+    `certManager.enabled=true`, its 3 replicas Ready on the certificate cert-manager issued."""
+    cluster = Cluster(nodes, version=version, images=[image.reference(), *images().values()])
+    try:
+        cluster.start()
+        install(cluster)
+        local.install_chart_on_node(cluster, values=["certManager.enabled=true"])
+        yield cluster
+    finally:
+        cluster.stop()

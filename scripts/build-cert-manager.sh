@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds cert-manager's commands from Go modules into a cache keyed by version and Go version, outside the
-# work tree, and writes its CRDs there as plain YAML (cert-manager.crds.yaml, ready for kubectl apply).
-# Prints the cache directory on stdout; progress goes to stderr. Builds only what is missing.
+# Builds cert-manager's commands from Go modules into a cache keyed by version, Go version and these sources,
+# outside the work tree. Prints the cache directory on stdout; progress goes to stderr. Builds only what is
+# missing. (Its CRDs and its install come from its own Helm chart, in the same module: devtools/certmanager.py.)
 #
 #   scripts/build-cert-manager.sh
 #
@@ -12,8 +12,6 @@
 # Every such directory is built (controller, cainjector, webhook: ours, doing what upstream's cmd/*/app do,
 # which live only in those unserved modules). The Venafi client module those packages link is not served
 # either: go.mod replaces it with controlplane/cert-manager/vcert, a stand-in whose connections all fail.
-# The CRDs come out of the module's Helm chart (deploy/charts/cert-manager), whose crd-*.yaml templates use
-# four template actions only, rendered here with sed.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -27,7 +25,11 @@ m=github.com/cert-manager/cert-manager
 version=$(awk -v m=$m '$1 == "require" && $2 == m {print $3} $1 == m {print $2}' "$mod_dir/go.mod")
 [[ -n $version ]] || die "controlplane/cert-manager/go.mod requires no github.com/cert-manager/cert-manager"
 go_version=$(go env GOVERSION)
-out="$cache_root/cert-manager/$version-$go_version"
+# The key: the version, the Go version and our sources (the mains, go.mod, go.sum, the vcert stand-in), so an
+# edited main is built again here and on a machine that kept the old binaries.
+key=$(cd "$mod_dir" && find . -type f \( -name '*.go' -o -name 'go.mod' -o -name 'go.sum' \) -print0 | sort -z \
+      | xargs -0 sha256sum | sha256sum | cut -c1-12)
+out="$cache_root/cert-manager/$version-$go_version-$key"
 # As cert-manager's release build stamps it (pkg/util.VersionInfo; the --version of each command).
 ldflags="-s -w -X github.com/cert-manager/cert-manager/pkg/util.AppVersion=$version"
 
@@ -39,7 +41,7 @@ missing=()
 for name in "${commands[@]}"; do
   [[ -x $out/$name ]] || missing+=("$name")
 done
-if (( ${#missing[@]} == 0 )) && [[ -s $out/cert-manager.crds.yaml ]]; then
+if (( ${#missing[@]} == 0 )); then
   echo "$out"
   exit 0
 fi
@@ -47,32 +49,6 @@ fi
 mkdir -p "$out"
 start=$(date +%s)
 log() { echo "[cert-manager $version $(( $(date +%s) - start ))s] $*" >&2; }
-
-if [[ ! -s $out/cert-manager.crds.yaml ]]; then
-  module_dir=$(cd "$mod_dir" && go mod download -json "github.com/cert-manager/cert-manager@$version" \
-               | sed -n 's/^\t"Dir": "\(.*\)",$/\1/p')
-  templates="$module_dir/deploy/charts/cert-manager/templates"
-  [[ -d $templates ]] || die "the module github.com/cert-manager/cert-manager@$version holds no deploy/charts"
-  log "writing cert-manager.crds.yaml from the chart's CRD templates"
-  # Each template is "{{- if or .Values.crds.enabled .Values.installCRDs }} <CRD> {{- end }}", with an
-  # annotation for Helm alone under "{{- if .Values.crds.keep }}" (dropped) and the labels of the release's
-  # own cert-manager.crds.yaml as "{{- include "cert-manager.crd-labels" . | nindent 4 }}".
-  labels="    app: \"cert-manager\"\n    app.kubernetes.io/name: \"cert-manager\""
-  labels+="\n    app.kubernetes.io/instance: \"cert-manager\"\n    app.kubernetes.io/component: \"crds\""
-  labels+="\n    app.kubernetes.io/version: \"$version\""
-  for f in "$templates"/crd-*.yaml; do
-    echo "---"
-    echo "# Source: cert-manager/templates/$(basename "$f")"
-    sed -e '/^{{- if or .Values.crds.enabled .Values.installCRDs }}$/d' \
-        -e '/^ *{{- if .Values.crds.keep }}$/,/^ *{{- end }}$/d' \
-        -e "s|^ *{{- include \"cert-manager.crd-labels\" . \| nindent 4 }}\$|$labels|" \
-        -e '/^{{- end }}$/d' "$f"
-  done >"$out/.crds.tmp"
-  if grep -n '{{' "$out/.crds.tmp" >&2; then
-    die "the CRD templates of $version use template actions this script does not render (above)"
-  fi
-  mv "$out/.crds.tmp" "$out/cert-manager.crds.yaml"
-fi
 
 for name in "${missing[@]}"; do
   log "building $name (a first build on this machine takes minutes)"

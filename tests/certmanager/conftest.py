@@ -1,7 +1,9 @@
 """The cert-manager tier: cert-manager installed from its own Helm chart on one real node (kubelet,
 containerd), its controller, webhook and cainjector built here from the Go module proxy as images FROM
-scratch (`devtools.certmanager`). Root and minutes, so it runs only when asked: `pytest -m certmanager`.
-What it measured is printed at the end of the run."""
+scratch (`devtools.certmanager`), then this webhook's chart with `certManager.enabled=true`, its certificate
+renewed and its root rotated under slice-pod traffic (`devtools.renewals`). Root and minutes, so it runs only
+when asked: `pytest -m certmanager` (`make test-certmanager`, and in `make test`). What it measured is printed
+at the end of the run."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from devtools import certmanager
+from devtools import certmanager, image, local
 from devtools.binaries import ControlPlaneError
 from devtools.nodes import Cluster
 from tests.tiers import only_when_selected, report_measured
@@ -38,7 +40,7 @@ def cluster() -> Iterator[Cluster]:
     except (certmanager.CertManagerError, RuntimeError) as e:
         pytest.fail(f"cert-manager's images could not be built:\n{e}", pytrace=False)
     MEASURED.append(f"images ({', '.join(images)}) ready in {time.monotonic() - started:.1f} s")
-    n = Cluster(1, images=images)
+    n = Cluster(1, images=[image.reference(), *images])
     try:
         n.start()
     except (ControlPlaneError, RuntimeError) as e:
@@ -55,3 +57,15 @@ def cluster() -> Iterator[Cluster]:
     finally:
         n.stop()
         MEASURED.append(f"tier session {time.monotonic() - started:.0f} s")
+
+
+@pytest.fixture(scope="session")
+def chart(cluster: Cluster) -> Cluster:
+    """The chart with `certManager.enabled=true`, as the README says: 3 replicas Ready on the certificate
+    cert-manager issued from the chart's root."""
+    try:
+        seconds = local.install_chart_on_node(cluster, values=["certManager.enabled=true"])
+    except RuntimeError as e:
+        pytest.fail(str(e), pytrace=False)
+    MEASURED.append(f"helm install with certManager.enabled=true to 3 replicas Ready: {seconds:.1f} s")
+    return cluster
