@@ -114,20 +114,20 @@ def chart() -> Path:
     return tgz
 
 
-def install(cluster: Cluster, timeout: float = 180) -> float:
+def install(cluster: Cluster, timeout: float = 180, values: tuple[str, ...] = ()) -> float:
     """cert-manager installed on `cluster` with its chart (CRDs included, no startupapicheck Job: the wait
     below does its check), the images built here imported on the nodes beforehand; waits until its three
     Deployments are Available and its webhook answers (a server-side dry-run of an Issuer is admitted).
-    Returns the seconds from `helm install` to then."""
+    Returns the seconds from `helm install` to then. `values` are more `--set`s for cert-manager's chart."""
     names = images()
     started = time.monotonic()
-    values = ["crds.enabled=true", "startupapicheck.enabled=false"]
+    settings = ["crds.enabled=true", "startupapicheck.enabled=false", *values]
     for component, key in (("controller", ""), ("webhook", "webhook."), ("cainjector", "cainjector.")):
         repository, tag = names[component].rsplit(":", 1)
-        values += [f"{key}image.repository={repository}", f"{key}image.tag={tag}",
-                   f"{key}image.pullPolicy=Never"]
+        settings += [f"{key}image.repository={repository}", f"{key}image.tag={tag}",
+                     f"{key}image.pullPolicy=Never"]
     helm(cluster.controlplane, "install", RELEASE, str(chart()), "-n", NAMESPACE, "--create-namespace",
-         *(a for v in values for a in ("--set", v)))
+         *(a for v in settings for a in ("--set", v)))
     deadline = started + timeout
     issuer = ("apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {name: probe, namespace: default}\n"
               "spec: {selfSigned: {}}\n")
@@ -149,13 +149,14 @@ def install(cluster: Cluster, timeout: float = 180) -> float:
 
 
 @contextlib.contextmanager
-def cluster_with_chart(version: str | None = None, nodes: int = 1) -> Iterator[Cluster]:
+def cluster_with_chart(version: str | None = None, nodes: int = 1,
+                       cert_manager: tuple[str, ...] = ()) -> Iterator[Cluster]:
     """`nodes` real nodes with cert-manager installed by its chart, then this webhook's chart with
     `certManager.enabled=true`, its 3 replicas Ready on the certificate cert-manager issued."""
     cluster = Cluster(nodes, version=version, images=[image.reference(), *images().values()])
     try:
         cluster.start()
-        install(cluster)
+        install(cluster, values=cert_manager)
         local.install_chart_on_node(cluster, values=["certManager.enabled=true"])
         yield cluster
     finally:

@@ -100,6 +100,9 @@ def restarts(cluster: Cluster) -> dict[str, int]:
 
 def renew(cluster: Cluster, certificate: str) -> None:
     """What `cmctl renew` does: an `Issuing=True` condition, reason ManuallyTriggered, on the status."""
+    status = json.loads(cluster.kubectl("get", "certificate", certificate, "-n", NAMESPACE, "-o", "json").stdout)
+    if any(c.get("type") == "Issuing" for c in status.get("status", {}).get("conditions", [])):
+        return  # issuing already (as cmctl, which refuses then)
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     condition = {"type": "Issuing", "status": "True", "reason": "ManuallyTriggered",
                  "message": "Certificate re-issuance manually triggered", "lastTransitionTime": now}
@@ -212,11 +215,14 @@ def traffic(cluster: Cluster, lt: LoopThread, namespace: str, counted: Counted) 
 
 def self_signed_leaf(cluster: Cluster) -> None:
     """The setup the chart had before: the serving certificate signed by the self-signed Issuer directly."""
+    before = secret_certificate(cluster, SECRET).serial_number
     cluster.kubectl("patch", "certificate", SERVING, "-n", NAMESPACE, "--type=merge", "-p",
                     json.dumps({"spec": {"issuerRef": {"kind": "Issuer", "name": SELF_SIGNED}}}))
-    cert = reissue(cluster, SERVING, SECRET)
+    wait_until("the self-signed serving certificate in its Secret",
+               lambda: secret_certificate(cluster, SECRET).serial_number != before, 60)
+    cert = secret_certificate(cluster, SECRET)
     wait_until("the self-signed certificate in every caBundle", lambda: all(
-        [c.serial_number for c in certs] == [cert.serial_number] for certs in ca_bundles(cluster).values()), 120)
+        cert.serial_number in [c.serial_number for c in certs] for certs in ca_bundles(cluster).values()), 120)
     wait_served(cluster, cert)
 
 
@@ -226,7 +232,7 @@ def count_renewals(cluster: Cluster, lt: LoopThread, renewals: int = 3, root: bo
     slice-pod traffic; the replicas' restarts must not change."""
     counted = Counted(setup)
     before = restarts(cluster)
-    with traffic(cluster, lt, f"renewals-{setup}", counted):
+    with traffic(cluster, lt, "renewals-" + re.sub("[^a-z0-9]+", "-", setup).strip("-"), counted):
         time.sleep(2)
         last = None
         for n in range(renewals):
@@ -248,14 +254,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.renewals", description=__doc__.split("\n\n")[0])
     parser.add_argument("--setup", choices=["chain", "selfsigned"], default="chain")
     parser.add_argument("--renewals", type=int, default=3)
+    parser.add_argument("--merging", choices=["on", "off"], default="on",
+                        help="cainjector's CAInjectorMerging (on since cert-manager 1.15 made it the default; off: "
+                             "each injection replaces the caBundle, as cert-manager did before)")
     parser.add_argument("--version", default=None, help="Kubernetes: newest (default), floor, 1.MINOR")
     args = parser.parse_args(argv)
     lt = LoopThread()
     try:
-        with certmanager.cluster_with_chart(args.version) as cluster:
+        gates = () if args.merging == "on" else ("cainjector.extraArgs={--feature-gates=CAInjectorMerging=false}",)
+        with certmanager.cluster_with_chart(args.version, cert_manager=gates) as cluster:
             if args.setup == "selfsigned":
                 self_signed_leaf(cluster)
-            counted = count_renewals(cluster, lt, args.renewals, root=args.setup == "chain", setup=args.setup)
+            setup = args.setup + ("" if args.merging == "on" else ", cainjector merging off")
+            counted = count_renewals(cluster, lt, args.renewals, root=args.setup == "chain", setup=setup)
             print(counted.line())
             for line in counted.refused[:5]:
                 print("  " + line[:300])
