@@ -13,6 +13,8 @@ Entry points (each `python -m devtools.<name>`)
     changelog    the release notes: one version's section of CHANGELOG.md
     faults       `make faults`: a replica or its node broken under slice-pod traffic, failover off and on;
                  the fault tier's scenarios
+    renewals     `make renewals`: cert-manager's renewals and the root's rotation under slice-pod traffic;
+                 the cert-manager tier's scenario
     bench/       `make bench`, one module per part:
         cli          the parts and options, and the report's assembly
         __main__     `python -m devtools.bench`
