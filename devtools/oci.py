@@ -26,18 +26,34 @@ class OciError(RuntimeError):
     """The archive is not what it should be, or the command in it failed."""
 
 
-def _blob(layout: tarfile.TarFile, digest: str) -> bytes:
-    member = layout.extractfile("blobs/" + digest.replace(":", "/"))
+def _member(layout: tarfile.TarFile, name: str) -> bytes:
+    member = layout.extractfile(name)
     if member is None:
-        raise OciError(f"the archive has no blob {digest}")
+        raise OciError(f"the archive has no {name}")
     return member.read()
+
+
+def _blob(layout: tarfile.TarFile, digest: str) -> bytes:
+    return _member(layout, "blobs/" + digest.replace(":", "/"))
+
+
+def _manifest_digest(layout: tarfile.TarFile, name: str) -> str:
+    manifests = json.loads(_member(layout, "index.json"))["manifests"]
+    if len(manifests) != 1:
+        raise OciError(f"{name} holds {len(manifests)} manifests, not one")
+    return str(manifests[0]["digest"])
+
+
+def archive_digest(path: Path) -> str:
+    """The digest of the one manifest an OCI archive's index names (what a registry knows the image by)."""
+    with tarfile.open(path) as layout:
+        return _manifest_digest(layout, path.name)
 
 
 def unpack(archive: Path, rootfs: Path) -> dict[str, object]:
     """The image's layers extracted in order into `rootfs` (whiteouts applied); its config."""
     with tarfile.open(archive) as layout:
-        index = json.loads(_blob_or_file(layout, "index.json"))
-        manifest = json.loads(_blob(layout, index["manifests"][0]["digest"]))
+        manifest = json.loads(_blob(layout, _manifest_digest(layout, archive.name)))
         config: dict[str, object] = json.loads(_blob(layout, manifest["config"]["digest"]))
         rootfs.mkdir(parents=True, exist_ok=True)
         for layer in manifest["layers"]:
@@ -50,13 +66,6 @@ def unpack(archive: Path, rootfs: Path) -> dict[str, object]:
                 with tarfile.open(fileobj=fh) as tar:
                     _apply(tar, rootfs)
     return config
-
-
-def _blob_or_file(layout: tarfile.TarFile, name: str) -> bytes:
-    member = layout.extractfile(name)
-    if member is None:
-        raise OciError(f"the archive has no {name}")
-    return member.read()
 
 
 def _apply(tar: tarfile.TarFile, rootfs: Path) -> None:

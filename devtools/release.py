@@ -31,13 +31,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devtools import changelog, image
+from devtools import changelog, image, oci
 from devtools.binaries import REPO_ROOT, binaries
 from hami_mt_webhook import __version__
 
@@ -216,21 +215,10 @@ def export_archives(rel: Release, dist: Path, tools: Tools) -> dict[str, Path]:
         path.unlink(missing_ok=True)
         tools.skopeo("copy", "--quiet", "--preserve-digests", f"--src-{tools.tls[2:]}",
                      f"docker://{rel.ref(digest)}", f"oci-archive:{path}:{NAME}:{rel.version}")
-        if archive_digest(path) != digest:
-            raise ReleaseError(f"{path.name} holds {archive_digest(path)}, not the pushed {digest}")
+        if oci.archive_digest(path) != digest:
+            raise ReleaseError(f"{path.name} holds {oci.archive_digest(path)}, not the pushed {digest}")
         archives[arch] = path
     return archives
-
-
-def archive_digest(path: Path) -> str:
-    """The digest of the one manifest an OCI archive's index names."""
-    with tarfile.open(path) as tar:
-        member = tar.extractfile("index.json")
-        assert member is not None
-        manifests = json.load(member)["manifests"]
-    if len(manifests) != 1:
-        raise ReleaseError(f"{path.name} holds {len(manifests)} manifests, not one")
-    return str(manifests[0]["digest"])
 
 
 def make_sboms(rel: Release, archives: Mapping[str, Path], dist: Path, tools: Tools) -> dict[str, Path]:

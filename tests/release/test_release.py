@@ -155,7 +155,7 @@ def test_offline_bundle(published: Published) -> None:
                             "--signature", str(dist / "SHA256SUMS.sig"), str(tampered), check=False).returncode != 0
     for arch, digest in made["digests"].items():
         archive = dist / f"{release.NAME}-{made['version']}-linux-{arch}.oci.tar"
-        assert release.archive_digest(archive) == digest
+        assert oci.archive_digest(archive) == digest
     with tarfile.open(dist / f"{release.NAME}-{made['version']}.tgz") as tar:
         member = tar.extractfile(f"{release.NAME}/values.yaml")
         assert member is not None
