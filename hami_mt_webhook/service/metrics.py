@@ -45,7 +45,8 @@ class Metrics:
                               "Seconds the node view may be behind the API server: 0 while the watch is up "
                               "and synced, else the time since it last was.", registry=r)
         self.node_work = Histogram("hami_mt_webhook_node_work_seconds",
-                                   "Time the event loop spent on one batch of node events without yielding: "
+                                   "Time the event loop spent on one batch of node events (watch lines or a "
+                                   "list page) without yielding: "
                                    "the longest a review can wait behind the node view.", registry=r,
                                    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25))
         self.relists = Counter("hami_mt_webhook_node_relists",

@@ -177,13 +177,16 @@ class Watch:
             self.connected, self.failures = True, 0
             if feed.build is None:
                 feed.synced_at = time.time()
-            work = self._metrics.node_work if self._metrics is not None else None
             async for batch in batches(resp.content, self._rest):
                 started = time.perf_counter()
                 for raw in batch:
                     feed.line(raw)
-                if work is not None:
-                    work.observe(time.perf_counter() - started)
+                self._turn_took(started)
+
+    def _turn_took(self, started: float) -> None:
+        """One turn of the loop spent on events without yielding, from `started` (perf_counter) to now."""
+        if self._metrics is not None:
+            self._metrics.node_work.observe(time.perf_counter() - started)
 
     def _rest(self) -> float:
         """Rest between reads only once the set is complete: a (re)build is read as fast as it comes."""
@@ -197,9 +200,12 @@ class Watch:
         while True:
             async with session.get(server + self.path, params=params) as resp:
                 await _check(resp)
-                page = orjson.loads(await resp.read())
+                body = await resp.read()
+            started = time.perf_counter()
+            page = orjson.loads(body)
             for obj in page.get("items") or ():
                 self.feed.apply("ADDED", obj)
+            self._turn_took(started)
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 self.feed.finish_build(meta.get("resourceVersion"))
