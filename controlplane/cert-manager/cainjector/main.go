@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apimachinery/pkg/util/wait"
 	kscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -42,8 +42,9 @@ import (
 	"github.com/cert-manager/cert-manager/pkg/controller/cainjector"
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
 	cmutil "github.com/cert-manager/cert-manager/pkg/util"
-	"github.com/cert-manager/cert-manager/pkg/util/configfile"
 	utilfeature "github.com/cert-manager/cert-manager/pkg/util/feature"
+
+	"github.com/cert-manager/cert-manager/hami-mt-binaries/startup"
 )
 
 func main() {
@@ -74,7 +75,6 @@ func command(ctx context.Context, args []string) *cobra.Command {
 		os.Exit(1)
 	}
 	var configFile string
-	setGates := func() error { return utilfeature.DefaultMutableFeatureGate.SetFromMap(cfg.FeatureGates) }
 	cmd := &cobra.Command{
 		Use:           "cainjector",
 		Short:         "cert-manager's CA injector: CA bundles into webhook configurations, CRDs and APIServices",
@@ -82,35 +82,14 @@ func command(ctx context.Context, args []string) *cobra.Command {
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := setGates(); err != nil {
-				return err
-			}
-			if configFile != "" {
-				// The file first, then the flags again: a flag given on the command line wins.
-				path, err := filepath.Abs(configFile)
-				if err != nil {
-					return err
-				}
-				loader, err := configfile.NewConfigurationFSLoader(nil, path)
-				if err != nil {
-					return fmt.Errorf("config file %s: %w", path, err)
-				}
-				fromFile := cainjectorconfigfile.New()
-				if err := loader.Load(fromFile); err != nil {
-					return fmt.Errorf("config file %s: %w", path, err)
-				}
-				fromFile.Config.DeepCopyInto(cfg)
-				if err := cmd.ParseFlags(args); err != nil {
-					return err
-				}
-				if err := setGates(); err != nil {
-					return err
-				}
-			}
-			if errs := validation.ValidateCAInjectorConfiguration(cfg, nil); len(errs) > 0 {
-				return fmt.Errorf("invalid flags: %w", errs.ToAggregate())
-			}
-			return logf.ValidateAndApply(&cfg.Logging)
+			fromFile := cainjectorconfigfile.New()
+			return startup.Configuration{
+				File:     fromFile,
+				Apply:    func() { fromFile.Config.DeepCopyInto(cfg) },
+				Gates:    func() map[string]bool { return cfg.FeatureGates },
+				Validate: func() field.ErrorList { return validation.ValidateCAInjectorConfiguration(cfg, nil) },
+				Logging:  &cfg.Logging,
+			}.PreRun(cmd, args, configFile)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), cfg) },
 	}

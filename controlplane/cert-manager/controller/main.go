@@ -12,7 +12,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	cliflag "k8s.io/component-base/cli/flag"
@@ -44,7 +44,6 @@ import (
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
 	"github.com/cert-manager/cert-manager/pkg/server"
 	cmutil "github.com/cert-manager/cert-manager/pkg/util"
-	"github.com/cert-manager/cert-manager/pkg/util/configfile"
 	utilfeature "github.com/cert-manager/cert-manager/pkg/util/feature"
 
 	// The issuer types and the controllers DefaultEnabledControllers does not import, as upstream's start.go.
@@ -58,6 +57,8 @@ import (
 	_ "github.com/cert-manager/cert-manager/pkg/issuer/selfsigned"
 	_ "github.com/cert-manager/cert-manager/pkg/issuer/vault"
 	_ "github.com/cert-manager/cert-manager/pkg/issuer/venafi"
+
+	"github.com/cert-manager/cert-manager/hami-mt-binaries/startup"
 )
 
 func main() {
@@ -94,7 +95,6 @@ func command(ctx context.Context, args []string) *cobra.Command {
 		os.Exit(1)
 	}
 	var configFile string
-	setGates := func() error { return utilfeature.DefaultMutableFeatureGate.SetFromMap(cfg.FeatureGates) }
 	cmd := &cobra.Command{
 		Use:           "controller",
 		Short:         "cert-manager's controller: issues and renews the certificates its resources ask for",
@@ -102,35 +102,14 @@ func command(ctx context.Context, args []string) *cobra.Command {
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := setGates(); err != nil {
-				return err
-			}
-			if configFile != "" {
-				// The file first, then the flags again: a flag given on the command line wins.
-				path, err := filepath.Abs(configFile)
-				if err != nil {
-					return err
-				}
-				loader, err := configfile.NewConfigurationFSLoader(nil, path)
-				if err != nil {
-					return fmt.Errorf("config file %s: %w", path, err)
-				}
-				fromFile := controllerconfigfile.New()
-				if err := loader.Load(fromFile); err != nil {
-					return fmt.Errorf("config file %s: %w", path, err)
-				}
-				fromFile.Config.DeepCopyInto(cfg)
-				if err := cmd.ParseFlags(args); err != nil {
-					return err
-				}
-				if err := setGates(); err != nil {
-					return err
-				}
-			}
-			if errs := validation.ValidateControllerConfiguration(cfg, nil); len(errs) > 0 {
-				return fmt.Errorf("invalid flags: %w", errs.ToAggregate())
-			}
-			return logf.ValidateAndApply(&cfg.Logging)
+			fromFile := controllerconfigfile.New()
+			return startup.Configuration{
+				File:     fromFile,
+				Apply:    func() { fromFile.Config.DeepCopyInto(cfg) },
+				Gates:    func() map[string]bool { return cfg.FeatureGates },
+				Validate: func() field.ErrorList { return validation.ValidateControllerConfiguration(cfg, nil) },
+				Logging:  &cfg.Logging,
+			}.PreRun(cmd, args, configFile)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error { return run(cmd.Context(), cfg) },
 	}

@@ -5,22 +5,21 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"path/filepath"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/cert-manager/cert-manager/internal/apis/config/webhook/validation"
 	"github.com/cert-manager/cert-manager/internal/cmd/util"
 	cmwebhook "github.com/cert-manager/cert-manager/internal/webhook"
 	logf "github.com/cert-manager/cert-manager/pkg/logs"
 	cmutil "github.com/cert-manager/cert-manager/pkg/util"
-	"github.com/cert-manager/cert-manager/pkg/util/configfile"
-	utilfeature "github.com/cert-manager/cert-manager/pkg/util/feature"
 	webhookconfigfile "github.com/cert-manager/cert-manager/pkg/webhook/configfile"
 	"github.com/cert-manager/cert-manager/pkg/webhook/options"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/cert-manager/cert-manager/hami-mt-binaries/startup"
 )
 
 func main() {
@@ -45,7 +44,6 @@ func command(ctx context.Context, args []string) *cobra.Command {
 		logf.FromContext(ctx).Error(err, "cannot create the webhook configuration")
 		os.Exit(1)
 	}
-	setGates := func() error { return utilfeature.DefaultMutableFeatureGate.SetFromMap(cfg.FeatureGates) }
 	cmd := &cobra.Command{
 		Use:           "webhook",
 		Short:         "cert-manager's webhook: validation, mutation and conversion of its resources",
@@ -53,35 +51,14 @@ func command(ctx context.Context, args []string) *cobra.Command {
 		SilenceErrors: true,
 		SilenceUsage:  true,
 		PreRunE: func(cmd *cobra.Command, _ []string) error {
-			if err := setGates(); err != nil {
-				return err
-			}
-			if flags.Config != "" {
-				// The file first, then the flags again: a flag given on the command line wins.
-				path, err := filepath.Abs(flags.Config)
-				if err != nil {
-					return err
-				}
-				loader, err := configfile.NewConfigurationFSLoader(nil, path)
-				if err != nil {
-					return fmt.Errorf("config file %s: %w", path, err)
-				}
-				fromFile := webhookconfigfile.New()
-				if err := loader.Load(fromFile); err != nil {
-					return fmt.Errorf("config file %s: %w", path, err)
-				}
-				fromFile.Config.DeepCopyInto(cfg)
-				if err := cmd.ParseFlags(args); err != nil {
-					return err
-				}
-				if err := setGates(); err != nil {
-					return err
-				}
-			}
-			if errs := validation.ValidateWebhookConfiguration(cfg, nil); len(errs) > 0 {
-				return fmt.Errorf("invalid flags: %w", errs.ToAggregate())
-			}
-			return logf.ValidateAndApply(&cfg.Logging)
+			fromFile := webhookconfigfile.New()
+			return startup.Configuration{
+				File:     fromFile,
+				Apply:    func() { fromFile.Config.DeepCopyInto(cfg) },
+				Gates:    func() map[string]bool { return cfg.FeatureGates },
+				Validate: func() field.ErrorList { return validation.ValidateWebhookConfiguration(cfg, nil) },
+				Logging:  &cfg.Logging,
+			}.PreRun(cmd, args, flags.Config)
 		},
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			log := logf.FromContext(cmd.Context(), "webhook")
