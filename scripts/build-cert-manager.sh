@@ -9,8 +9,8 @@
 # run `go mod tidy` there). cert-manager's own command modules (cmd/controller, cmd/cainjector, cmd/webhook
 # of its repository) are not served by the Go module proxy, so each command is a main package of
 # controlplane/cert-manager/ (one directory per command) over the packages of the module the proxy serves.
-# Every such directory is built (controller, cainjector, webhook: ours, doing what upstream's cmd/*/app do,
-# which live only in those unserved modules). The Venafi client module those packages link is not served
+# Every directory with a main.go is built (controller, cainjector, webhook: ours, doing what upstream's cmd/*/app
+# do, which live only in those unserved modules; startup/ is what the three share). The Venafi client module those packages link is not served
 # either: go.mod replaces it with controlplane/cert-manager/vcert, a stand-in whose connections all fail.
 set -euo pipefail
 
