@@ -409,6 +409,91 @@ def test_cert_manager_bad_durations_refused_naming_them(values: list[str], messa
     assert bad.returncode != 0 and message in bad.stderr, bad.stderr
 
 
+# --- network policies --------------------------------------------------------------------------------------
+
+#: The values that turn the policies on, with the kustomize component's placeholder for the API server.
+NETWORK_POLICY = ("--set", "networkPolicy.enabled=true", "--set", "networkPolicy.apiServer.cidrs={192.0.2.0/24}")
+POLICIES = ("hami-mt-webhook-admission", "hami-mt-webhook-observability", "hami-mt-webhook-peers",
+            "hami-mt-webhook-probes", "hami-mt-webhook-extra", "hami-mt-webhook-egress")
+EXTRA = '[{"from": [{"namespaceSelector": {"matchLabels": {"team": "sre"}}}], "ports": [{"port": 8080}]}]'
+EXTRA_EGRESS = '[{"to": [{"ipBlock": {"cidr": "10.96.0.10/32"}}], "ports": [{"port": 53, "protocol": "UDP"}]}]'
+#: Values that render every policy the chart has.
+EVERY_POLICY = ("--set", "networkPolicy.egress.enabled=true", "--set", "networkPolicy.nodes.cidrs={10.244.0.0/16}",
+                "--set-json", f"networkPolicy.extraIngress={EXTRA}",
+                "--set-json", f"networkPolicy.extraEgress={EXTRA_EGRESS}")
+
+
+def policies(docs: list[Doc]) -> dict[str, Doc]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == "NetworkPolicy"}
+
+
+def test_the_network_policy_components_are_the_charts_rendering(rendered: list[Doc]) -> None:
+    """One design, two renderings: `networkPolicy.enabled` (and `.egress.enabled`) gives the kustomize
+    components' policies field by field, the component's placeholder standing for the API server."""
+    assert not policies(rendered)  # off by default, as the base ships none
+    chart = policies(template(*NETWORK_POLICY, "--set", "networkPolicy.egress.enabled=true"))
+    components = manifests.base_dir() / "components"
+    ours = {d["metadata"]["name"]: d for c in ("network-policy", "network-policy-egress")
+            for d in manifests.load(components / c / ("egress.yaml" if c.endswith("egress") else "networkpolicy.yaml"))}
+    assert sorted(chart) == sorted(ours)
+    for name, doc in ours.items():
+        assert differences(without_helm_labels(chart[name]), doc) == [], name
+
+
+def test_network_policy_values_reach_the_policies() -> None:
+    pods = {"matchLabels": {"app.kubernetes.io/name": "hami-mt-webhook"}}
+    docs = policies(template(
+        "--set", "networkPolicy.enabled=true", "--set", "networkPolicy.apiServer.cidrs={10.0.0.2/32,fd00::/64}",
+        "--set", "networkPolicy.apiServer.port=443", "--set", "networkPolicy.egress.enabled=true",
+        "--set", "networkPolicy.monitoring.namespaceSelector.matchLabels.purpose=observability",
+        "--set", "networkPolicy.monitoring.podSelector.matchLabels.app=prometheus", "--set", "metrics.port=9100",
+        *EVERY_POLICY))
+    assert sorted(docs) == sorted(POLICIES)
+    assert all(d["spec"]["podSelector"] == pods and d["metadata"]["namespace"] == NS for d in docs.values())
+    (admission,) = docs["hami-mt-webhook-admission"]["spec"]["ingress"]
+    assert admission == {"from": [{"ipBlock": {"cidr": "10.0.0.2/32"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+                         "ports": [{"port": 8443, "protocol": "TCP"}]}
+    (scrape,) = docs["hami-mt-webhook-observability"]["spec"]["ingress"]
+    assert scrape == {"from": [{"namespaceSelector": {"matchLabels": {"purpose": "observability"}},
+                                "podSelector": {"matchLabels": {"app": "prometheus"}}}],
+                      "ports": [{"port": 9100, "protocol": "TCP"}]}
+    assert docs["hami-mt-webhook-probes"]["spec"]["ingress"] == [
+        {"from": [{"ipBlock": {"cidr": "10.244.0.0/16"}}], "ports": [{"port": 8080, "protocol": "TCP"}]}]
+    assert docs["hami-mt-webhook-extra"]["spec"]["ingress"] == json.loads(EXTRA)
+    egress = docs["hami-mt-webhook-egress"]["spec"]
+    assert egress["policyTypes"] == ["Egress"]
+    assert egress["egress"] == [
+        {"to": [{"ipBlock": {"cidr": "10.0.0.2/32"}}, {"ipBlock": {"cidr": "fd00::/64"}}],
+         "ports": [{"port": 443, "protocol": "TCP"}]},
+        {"to": [{"podSelector": pods}], "ports": [{"port": 8080, "protocol": "TCP"}]}, *json.loads(EXTRA_EGRESS)]
+    named = policies(template(*NETWORK_POLICY, "--set", "networkPolicy.monitoring.namespace=prometheus"))
+    assert named["hami-mt-webhook-observability"]["spec"]["ingress"][0]["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "prometheus"}}}]
+    # without failover the replicas do not probe each other: no policy or rule opens the probe port between them
+    alone = policies(template(*NETWORK_POLICY, "--set", "networkPolicy.egress.enabled=true",
+                              "--set", "failover.enabled=false"))
+    assert sorted(alone) == ["hami-mt-webhook-admission", "hami-mt-webhook-egress", "hami-mt-webhook-observability"]
+    assert len(alone["hami-mt-webhook-egress"]["spec"]["egress"]) == 1
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (["networkPolicy.enabled=true"], "networkPolicy.apiServer.cidrs is empty"),
+    (["networkPolicy.apiServer.cidrs={10.0.0.0}"], "at '/networkPolicy/apiServer/cidrs/0': '10.0.0.0' does not match"),
+    (["networkPolicy.apiServer.cidrs={10.0.0.0/33}"], "'10.0.0.0/33' does not match"),
+    (["networkPolicy.nodes.cidrs={nodes}"], "at '/networkPolicy/nodes/cidrs/0': 'nodes' does not match"),
+    (["networkPolicy.apiServer.port=0"], "at '/networkPolicy/apiServer/port'"),
+    (["networkPolicy.monitoring.namespaceSelector.matchLabel.a=b"], "additional properties 'matchLabel' not allowed"),
+    (["networkPolicy.monitoring.namespace=Monitoring"], "at '/networkPolicy/monitoring/namespace': 'Monitoring'"),
+    (["networkPolicy.egres.enabled=true"], "additional properties 'egres' not allowed"),
+    ([*NETWORK_POLICY[1::2], f"networkPolicy.extraEgress={EXTRA_EGRESS}"],
+     "networkPolicy.extraEgress is set but networkPolicy.egress.enabled is false"),
+])
+def test_a_bad_network_policy_value_is_refused_naming_it(values: list[str], message: str) -> None:
+    args = [a for v in values for a in (("--set-json" if v.startswith("networkPolicy.extra") else "--set"), v)]
+    bad = helm("template", RELEASE, str(CHART), *args, check=False)
+    assert bad.returncode != 0 and message in bad.stderr, bad.stderr
+
+
 # --- on the API server -------------------------------------------------------------------------------------
 
 
@@ -436,9 +521,9 @@ def local_hook(cluster: ControlPlane) -> Iterator[LocalWebhook]:
 
 def test_every_rendered_object_passes_server_dry_run(cluster: ControlPlane) -> None:
     docs = template("--api-versions", SERVICE_MONITOR_API, "--api-versions", PROMETHEUS_RULE_API,
-                    "--set", "dashboard.enabled=true")
+                    "--set", "dashboard.enabled=true", *NETWORK_POLICY, *EVERY_POLICY)
     assert {("ServiceMonitor", "hami-mt-webhook"), ("PrometheusRule", "hami-mt-webhook"),
-            ("ConfigMap", "hami-mt-webhook-dashboard")} <= kinds(docs)
+            ("ConfigMap", "hami-mt-webhook-dashboard"), *(("NetworkPolicy", n) for n in POLICIES)} <= kinds(docs)
     for doc in docs:
         out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
         assert out.returncode == 0, f"{doc['kind']} {doc['metadata']['name']}: {out.stderr}"

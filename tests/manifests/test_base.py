@@ -365,7 +365,7 @@ def _policies() -> list[dict]:
     return [d for r in kustomization["resources"] for d in yaml.safe_load_all((root / r).read_text()) if d]
 
 
-def test_network_policies_open_the_webhook_port_to_an_address_block_and_the_rest_to_one_namespace() -> None:
+def test_network_policies_open_each_port_to_its_one_caller() -> None:
     policies = {p["metadata"]["name"]: p for p in _policies()}
     pod_labels = one(manifests.load(), "Deployment")["spec"]["template"]["metadata"]["labels"]
     for policy in policies.values():
@@ -376,7 +376,7 @@ def test_network_policies_open_the_webhook_port_to_an_address_block_and_the_rest
     assert [p["port"] for rule in admission for p in rule["ports"]] == [8443]
     assert all(set(peer) == {"ipBlock"} for rule in admission for peer in rule["from"])
     observability = policies["hami-mt-webhook-observability"]["spec"]["ingress"]
-    assert sorted(p["port"] for rule in observability for p in rule["ports"]) == [8080, 9090]
+    assert sorted(p["port"] for rule in observability for p in rule["ports"]) == [9090]  # metrics only
     # failover: the replicas, and only they, reach each other's probe port
     (peers,) = policies["hami-mt-webhook-peers"]["spec"]["ingress"]
     assert [p["port"] for p in peers["ports"]] == [8080]
@@ -398,6 +398,22 @@ def test_network_policy_component_renders_with_the_base(tmp_path: Path) -> None:
     rendered = kustomize(tmp_path / "overlay")
     assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy") == [
         "hami-mt-webhook-admission", "hami-mt-webhook-observability", "hami-mt-webhook-peers"]
+
+
+@needs_kubectl
+def test_the_egress_component_renders_beside_the_ingress_one(tmp_path: Path) -> None:
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\n"
+        "components: [../base/components/network-policy, ../base/components/network-policy-egress]\n")
+    rendered = {d["metadata"]["name"]: d for d in kustomize(tmp_path / "overlay") if d["kind"] == "NetworkPolicy"}
+    assert sorted(rendered) == ["hami-mt-webhook-admission", "hami-mt-webhook-egress", "hami-mt-webhook-observability",
+                                "hami-mt-webhook-peers"]
+    egress = rendered["hami-mt-webhook-egress"]["spec"]
+    assert egress["policyTypes"] == ["Egress"]
+    # the API server's watches, and failover's probes of the other replicas: nothing else
+    assert [p["port"] for rule in egress["egress"] for p in rule["ports"]] == [6443, 8080]
 
 
 # --- monitoring component -------------------------------------------------------------------------------
