@@ -1,4 +1,4 @@
-"""The HTTPS listener: every connection is bounded from accept to close, and drained on shutdown.
+"""The listeners: every connection is bounded from accept to close, and drained on shutdown.
 
 The webhook fails closed, so a client that can tie up the listener can stop GPU pods cluster-wide.
 The listener therefore accepts connections itself: a connection is counted and timed from the moment
@@ -29,6 +29,10 @@ phase, not since accept: a pooled connection minutes old that has just begun a r
 reader, not the oldest connection. A caller that connected last is the last to go. Connections whose
 request is being answered are never closed to make room; only when every connection is busy is a new
 one refused.
+
+The probe and metrics ports are the same listener without TLS (`context=None`, `probes`): a connection
+goes from silent straight to reading at its first byte, under the same deadlines and the same cap, so
+thousands of idle or slow clients on any port cost the process no more than on the webhook port.
 
 Each connection moves its own bytes (`connections.Conn`: TLS on the socket, HTTP/1.1 from `http11`);
 on shutdown the listener stops accepting, answers what arrives on open connections with
@@ -83,9 +87,10 @@ def _libc() -> ctypes.CDLL:
 
 
 class Listener:
-    """The webhook's HTTPS port: `responder` answers each request, `Limits` bound every connection."""
+    """One port: HTTPS with a `context` (the webhook's), else plain HTTP (the probes'); `responder` answers
+    each request, `Limits` bound every connection."""
 
-    def __init__(self, responder: Responder, host: str, port: int, context: ssl.SSLContext,
+    def __init__(self, responder: Responder, host: str, port: int, context: ssl.SSLContext | None,
                  limits: Limits, on_close: Callable[[str], None] | None = None) -> None:
         self.responder, self.host, self.port = responder, host, port
         self.context, self.limits = context, limits
