@@ -82,6 +82,7 @@ class Flood:
     path: str = "/mutate-pods"
     hold: float = 12.0  # slow readers cannot see a close without reading: each is replaced after this
     trickle: float = 10.0  # slow-header: seconds between header bytes
+    source: str | None = None  # the address to connect from (127.0.0.2: one pod, not the callers measured)
     opened: int = 0
     closed_by_server: int = 0
     answered: int = 0
@@ -116,7 +117,8 @@ class Flood:
                 async with gate:
                     tls = self._ctx if self.kind in ("idle", "slow-read", "big") else None
                     reader, writer = await asyncio.wait_for(
-                        asyncio.open_connection(HOST, self.port, ssl=tls, limit=1 << 16), 10)
+                        asyncio.open_connection(HOST, self.port, ssl=tls, limit=1 << 16,
+                                                local_addr=(self.source, 0) if self.source else None), 10)
                 self.opened += 1
                 self.open_now += 1
                 await self._hold(reader, writer)
@@ -258,13 +260,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--body-mib", type=float, default=2.5, help="big and slow-read: review size [2.5]")
     p.add_argument("--seconds", type=float, default=0, help="stop after this long [0: until SIGTERM]")
     p.add_argument("--trickle", type=float, default=10.0, help="slow-header: seconds between header bytes [10]")
+    p.add_argument("--source", help="connect from this loopback address, e.g. 127.0.0.2 [the kernel's choice]")
     a = p.parse_args(argv)
     body = b""
     if a.kind in ("big", "slow-read"):
         body = review(a.body_mib if a.kind == "big" else 0)
 
     async def go() -> dict:
-        flood = Flood(a.kind, a.port, a.count, a.cafile, body, trickle=a.trickle)
+        flood = Flood(a.kind, a.port, a.count, a.cafile, body, trickle=a.trickle, source=a.source)
         stop, held = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)

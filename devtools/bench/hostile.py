@@ -46,12 +46,16 @@ ATTACKS = (
 
 
 
+#: Where the floods come from: one pod's address, not the one the reviews and probes measured come from.
+FLOOD_SOURCE = "127.0.0.2"
+
+
 class Flooder:
     """One `hostile` flood in its own process, pinned beside the load generator."""
 
     def __init__(self, kind: str, count: int, port: int, cafile: Path, pin: list[str], log: Path) -> None:
         cmd = [*pin, sys.executable, "-m", "devtools.attacks", kind, "--port", str(port),
-               "--count", str(count), "--cafile", str(cafile)]
+               "--count", str(count), "--cafile", str(cafile), "--source", FLOOD_SOURCE]
         self.proc = procs.spawn(cmd, log, pipe=True, cwd=REPO_ROOT, mode="wb")
 
     def wait_holding(self, timeout: float) -> bool:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from .http11 import CONTINUE, Answer, BadRequest, Head, answer, error_answer, head_end
 
-__all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Phase", "Responder"]
+__all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Peer", "Phase", "Responder"]
 
 logger = logging.getLogger("hami_mt_webhook")
 
@@ -91,6 +91,16 @@ SILENT_GRACE = 1.0
 _WAITING = frozenset((Phase.SILENT, Phase.NEW, Phase.IDLE))
 
 
+class Peer:
+    """One client address's open connections, by phase, each in order of entry (`listener` says why)."""
+
+    __slots__ = ("address", "count", "phases")
+
+    def __init__(self, address: str) -> None:
+        self.address, self.count = address, 0
+        self.phases: dict[Phase, dict[Conn, None]] = {p: {} for p in Phase}
+
+
 class Responder(Protocol):
     """What answers a request: the admission handler (`handler.ReviewHandler`), or the probes
     (`probes.ProbeResponder`); each reads the heads it takes (`parse`) and names its method (`allow`)."""
@@ -128,13 +138,14 @@ class Host(Protocol):
 class Conn:
     """One accepted TCP connection, tracked from accept to close."""
 
-    __slots__ = ("sock", "fd", "host", "tls", "phase", "since", "accepted", "closed", "task", "buf", "head",
-                 "body", "out", "close_after", "_reader", "_writer")
+    __slots__ = ("sock", "fd", "host", "peer", "tls", "phase", "since", "accepted", "closed", "task", "buf",
+                 "head", "body", "out", "close_after", "_reader", "_writer")
 
-    def __init__(self, sock: socket.socket, host: Host, accepted: float) -> None:
+    def __init__(self, sock: socket.socket, host: Host, accepted: float, peer: Peer) -> None:
         self.sock: socket.socket = sock
         self.fd = sock.fileno()
         self.host = host
+        self.peer = peer
         self.accepted = accepted
         self.tls: ssl.SSLSocket | None = None  # from the client's first byte on; then also `sock`
         self.phase = Phase.SILENT

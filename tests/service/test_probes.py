@@ -179,6 +179,31 @@ async def test_thousands_of_silent_connections_are_shed_oldest_first_and_readyz_
                 writer.transport.abort()
 
 
+async def test_a_flood_from_one_address_makes_room_among_its_own_connections(nodes_view) -> None:
+    state = State(Config(), nodes_view)
+    state.serving = True
+    limits = Limits(max_connections=50, handshake_timeout=60, drain_seconds=0.2, shutdown_timeout=0.2)
+    async with serve_probes(state, limits) as probe:
+        # Others' connections: one whose request has not arrived yet, one kept alive after a GET.
+        waiting = await asyncio.open_connection("127.0.0.1", probe.port)
+        kept = await asyncio.open_connection("127.0.0.1", probe.port)
+        kept[1].write(b"GET /livez HTTP/1.1\r\n\r\n")
+        assert (await asyncio.wait_for(attacks.read_answer(kept[0]), 5))[0] == 200
+        flood = []
+        try:
+            for _ in range(500):  # one pod reconnecting as fast as it is shed
+                flood.append(await asyncio.open_connection("127.0.0.1", probe.port, local_addr=("127.0.0.2", 0)))
+            await eventually(lambda: probe.closed["shed-silent"] >= 450)
+            assert await readyz(probe.port) == (200, "ready: 2 sliced nodes\n")  # a newcomer sheds the flood's
+            for reader, writer in (waiting, kept):  # and the flood never closed the others' connections
+                writer.write(b"GET /readyz HTTP/1.1\r\n\r\n")
+                assert (await asyncio.wait_for(attacks.read_answer(reader), 5))[0] == 200
+            assert probe.connections <= 50
+        finally:
+            for _, writer in (*flood, waiting, kept):
+                writer.transport.abort()
+
+
 async def test_stopping_answers_a_kept_alive_connection_with_close_and_refuses_new_ones() -> None:
     state = State(Config(), ClusterView(ready=False))
     listeners = await probes.listen(state, probes.routes(state), "127.0.0.1", [0],
