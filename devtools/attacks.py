@@ -1,4 +1,4 @@
-"""Hostile clients: what any pod that can reach the webhook's port can try against its listener.
+"""Hostile clients: what any pod that can reach the webhook's ports can try against their listeners.
 
 Used by `make bench` (the "hostile clients" part) and by the end-to-end test that creates a pod
 through kube-apiserver while a flood is held. A flood holds its connections open and opens a new one
@@ -7,7 +7,9 @@ whenever the server closes one, so the pressure lasts as long as the flood runs.
     python -m devtools.attacks idle --port 8443 --count 600   # until SIGTERM or --seconds
 
 Kinds: idle (TLS done, nothing sent), slow-read (a whole review sent, the answer never read),
-silent (TCP only), half-hello (half a TLS ClientHello), big (reviews of `--body-mib` MiB in a loop).
+silent (TCP only), half-hello (half a TLS ClientHello), big (reviews of `--body-mib` MiB in a loop);
+and in plain HTTP, for the probe port: slow-header (a request line, then a header byte every
+`--trickle` seconds), plain-idle (one GET /livez answered, then nothing: a kept-alive connection).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-KINDS = ("idle", "slow-read", "silent", "half-hello", "big")
+KINDS = ("idle", "slow-read", "silent", "half-hello", "big", "slow-header", "plain-idle")
 HOST = "127.0.0.1"
 
 
@@ -79,6 +81,8 @@ class Flood:
     body: bytes = b""
     path: str = "/mutate-pods"
     hold: float = 12.0  # slow readers cannot see a close without reading: each is replaced after this
+    trickle: float = 10.0  # slow-header: seconds between header bytes
+    source: str | None = None  # the address to connect from (127.0.0.2: one pod, not the callers measured)
     opened: int = 0
     closed_by_server: int = 0
     answered: int = 0
@@ -113,7 +117,8 @@ class Flood:
                 async with gate:
                     tls = self._ctx if self.kind in ("idle", "slow-read", "big") else None
                     reader, writer = await asyncio.wait_for(
-                        asyncio.open_connection(HOST, self.port, ssl=tls, limit=1 << 16), 10)
+                        asyncio.open_connection(HOST, self.port, ssl=tls, limit=1 << 16,
+                                                local_addr=(self.source, 0) if self.source else None), 10)
                 self.opened += 1
                 self.open_now += 1
                 await self._hold(reader, writer)
@@ -128,7 +133,17 @@ class Flood:
                         writer.transport.abort()
 
     async def _hold(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self.kind == "half-hello":
+        if self.kind == "slow-header":
+            writer.write(f"GET /readyz HTTP/1.1\r\nHost: {HOST}\r\nX-Slow: ".encode())
+            while not await _closed_within(reader, self.trickle):
+                writer.write(b"a")
+            self.closed_by_server += 1
+            return
+        if self.kind == "plain-idle":
+            writer.write(f"GET /livez HTTP/1.1\r\nHost: {HOST}\r\n\r\n".encode())
+            await read_answer(reader)
+            self.answered += 1
+        elif self.kind == "half-hello":
             writer.write(self._hello[: len(self._hello) // 2])
         elif self.kind == "slow-read":
             writer.write(post(self.path, self.body))
@@ -151,6 +166,17 @@ class Flood:
     def stats(self) -> dict[str, int | str]:
         return {"kind": self.kind, "count": self.count, "opened": self.opened, "open_now": self.open_now,
                 "closed_by_server": self.closed_by_server, "answered": self.answered, "failed": self.failed}
+
+
+async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
+    """Whether the server closes the connection within `seconds` (whatever it answers first is read)."""
+    try:
+        async with asyncio.timeout(seconds):
+            while await reader.read(1 << 16):
+                pass
+        return True
+    except TimeoutError:
+        return False
 
 
 def review(mib: float = 0) -> bytes:
@@ -233,13 +259,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cafile")
     p.add_argument("--body-mib", type=float, default=2.5, help="big and slow-read: review size [2.5]")
     p.add_argument("--seconds", type=float, default=0, help="stop after this long [0: until SIGTERM]")
+    p.add_argument("--trickle", type=float, default=10.0, help="slow-header: seconds between header bytes [10]")
+    p.add_argument("--source", help="connect from this loopback address, e.g. 127.0.0.2 [the kernel's choice]")
     a = p.parse_args(argv)
     body = b""
     if a.kind in ("big", "slow-read"):
         body = review(a.body_mib if a.kind == "big" else 0)
 
     async def go() -> dict:
-        flood = Flood(a.kind, a.port, a.count, a.cafile, body)
+        flood = Flood(a.kind, a.port, a.count, a.cafile, body, trickle=a.trickle, source=a.source)
         stop, held = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)

@@ -16,8 +16,9 @@ Parts (`--parts`):
   inprocess  microseconds per review of review.handle and rules.mutate, and of the server's metrics and log line
   index      the node index at 100 / 1,000 / 10,000 nodes: memory, build time, per-admission lookup
   apiserver  pods created through a local kube-apiserver; its webhook-latency histograms
-  hostile    hostile clients against the listener (idle and slow-read floods, unfinished handshakes,
-             large reviews, odd bodies): what a fresh caller and the probes see while each is held
+  hostile    hostile clients against the listeners (idle and slow-read floods, unfinished handshakes,
+             large reviews, odd bodies; slow headers and idle connections on the probe port): what a fresh
+             caller and the probes see while each is held
   scale      the whole process on 1,000 / 5,000 / 10,000 real-sized nodes: start-up, memory, churn, restarts
   hops       floor, shipped and forced-validating configurations interleaved through kube-apiserver
   soak       the webhook's memory over minutes of steady reviews (10 by default)
@@ -87,8 +88,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--soak-minutes", type=int, default=10, help="part soak: minutes of load [10]")
     p.add_argument("--soak-connections", type=int, default=16, help="part soak: wrk connections [16]")
     p.add_argument("--before", metavar="REV",
-                   help="part http: also serve the webhook of this git revision (a worktree), before beside "
-                        "after")
+                   help="parts http and hostile: also serve the webhook of this git revision (a worktree), "
+                        "before beside after")
     p.add_argument("--pure", action="store_true",
                    help="serve the webhook from this checkout's sources, not from the built wheel (whose "
                         "rules are compiled); every part")

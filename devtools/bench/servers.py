@@ -171,18 +171,15 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
                               limits=dataclasses.replace(Limits(), drain_seconds=0.2, shutdown_timeout=1.0))
         gen = srv(None)
         await gen.__anext__()
-        health = None
-        if health_port:
-            health = aiohttp.web.AppRunner(probes.health_app(state), access_log=None)
-            await health.setup()
-            await aiohttp.web.TCPSite(health, "127.0.0.1", health_port).start()
+        health = []
+        if health_port:  # as `serve` runs them: the probes on a plain-HTTP listener with the same limits
+            health = await probes.listen(state, probes.routes(state), "127.0.0.1", [health_port], srv.limits)
         print("ready", flush=True)
         try:
             await stop.wait()
         finally:
             await gen.aclose()
-            if health is not None:
-                await health.cleanup()
+            await probes.stop(health)
         return
 
     constant = orjson.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",

@@ -113,8 +113,8 @@ def _limit(field: str, text: str) -> Setting:
 
 #: The listener limits `serve` takes, each a field of `Limits` (docs/operating.md).
 LIMITS = (
-    _limit("max_connections", "open connections on the webhook port, TLS handshakes included; at the limit "
-                              "idle ones make room for a new one"),
+    _limit("max_connections", "open connections on each port (webhook, probes, metrics), TLS handshakes "
+                              "included; at the limit idle ones make room for a new one"),
     _limit("handshake_timeout", "seconds from accept to the TLS handshake done"),
     _limit("idle_timeout", "seconds a connection may wait for its next request"),
     _limit("request_timeout", "seconds from a request's first byte to all of it, and again for the answer"),
@@ -133,7 +133,7 @@ SERVE = (
     Setting("--client-ca", None, "if set, require a client certificate signed by this CA (the API server's)"),
     Setting("--reload-interval", 10.0, "seconds between checks of the certificate files"),
     *LIMITS,
-    Setting("--health-port", 8080, "HTTP port for /readyz and /livez"),
+    Setting("--health-port", 8080, "HTTP port for /readyz and /livez (and /peers with failover)"),
     Setting("--metrics-port", 9090, "HTTP port for Prometheus /metrics"),
     Setting("--health-listen", "0.0.0.0", "address for the probe and metrics listeners"),
     KUBECONFIG,

@@ -1,4 +1,5 @@
-"""The process: kopf keeps the lifecycle, `nodewatch` the node view; aiohttp answers reviews and probes.
+"""The process: kopf keeps the lifecycle, `nodewatch` the node view; our own listeners answer reviews and
+probes (`listener`).
 
 kopf logs in, handles signals and runs the webhook server it is given (`settings.admission.server`);
 the node view is fed by its own streaming watch beside it (`nodewatch` says why).
@@ -12,13 +13,12 @@ import logging
 import socket
 from typing import Any
 
-import aiohttp.web
 import kopf
 
-from . import nodewatch, quotawatch
+from . import nodewatch, probes, quotawatch
+from .listener import Listener
 from .nodefeed import NodeFeed
 from .peers import Failover, Peers
-from .probes import health_app
 from .server import AdmissionServer
 from .state import State
 
@@ -58,19 +58,17 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     quotas = quotawatch.quota_watch(state.quotas, state.config, login, node_watch)
     quota_watcher = asyncio.create_task(quotas.keep_running(), name="quota watch")
     tasks = [watcher, quota_watcher]
-    health = health_app(state)
+    peers = None
     if failover is not None:
         peers = Peers(state, login, failover, port=health_port, mode=node_watch)
-        health.router.add_get("/peers", peers.answer)
         tasks.append(asyncio.create_task(peers.run(), name="peers"))
-    runners = []
+    table = probes.routes(state, None if peers is None else peers.answer)
+    ports = [health_port, *([metrics_port] if metrics_port else [])]
+    listeners: list[Listener] = []
     try:
-        runner = aiohttp.web.AppRunner(health, access_log=None)
-        await runner.setup()
-        runners.append(runner)
-        await aiohttp.web.TCPSite(runner, health_addr, health_port).start()
-        if metrics_port and metrics_port != health_port:
-            await aiohttp.web.TCPSite(runner, health_addr, metrics_port).start()
+        # The webhook port's limits on every port the process opens: a flood of any of them must not take
+        # the memory a review needs, nor the /readyz that keeps the replica in the Service.
+        listeners = await probes.listen(state, table, health_addr, ports, server.limits)
         # An identity of our own: kopf's default asks the user database for the name of our uid, and the
         # image's 65532 has no entry there (podman adds one when it runs a container, containerd does not).
         identity: Any = f"hami-mt-webhook@{socket.gethostname()}"  # kopf's Identity, a str it does not export
@@ -79,5 +77,4 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     finally:
         for task in tasks:
             task.cancel()
-        for runner in runners:
-            await runner.cleanup()
+        await probes.stop(listeners)

@@ -1,4 +1,5 @@
-"""One connection, from its first byte to its close: TLS on the socket itself, then HTTP/1.1 requests.
+"""One connection, from its first byte to its close: TLS on the socket itself, then HTTP/1.1 requests
+(or the requests straight away, on the plain-HTTP probe and metrics ports).
 
 `listener` explains the phases and their deadlines and decides when a connection must go; this module
 moves one connection's bytes. TLS runs on a non-blocking `ssl.SSLSocket` driven by the event loop's
@@ -20,9 +21,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .http11 import CONTINUE, Answer, BadRequest, Head, answer, error_answer, head_end, parse_head
+from .http11 import CONTINUE, Answer, BadRequest, Head, answer, error_answer, head_end
 
-__all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Phase", "Responder"]
+__all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Peer", "Phase", "Responder"]
 
 logger = logging.getLogger("hami_mt_webhook")
 
@@ -86,11 +87,28 @@ SHED_ORDER = ((Phase.SILENT,), (Phase.SILENT, Phase.HANDSHAKE, Phase.NEW, Phase.
               (Phase.IDLE,))
 SILENT_GRACE = 1.0
 
+#: The phases in which a byte received begins a request: SILENT only on a plain-HTTP port (no handshake).
+_WAITING = frozenset((Phase.SILENT, Phase.NEW, Phase.IDLE))
+
+
+class Peer:
+    """One client address's open connections, by phase, each in order of entry (`listener` says why)."""
+
+    __slots__ = ("address", "count", "phases")
+
+    def __init__(self, address: str) -> None:
+        self.address, self.count = address, 0
+        self.phases: dict[Phase, dict[Conn, None]] = {p: {} for p in Phase}
+
 
 class Responder(Protocol):
-    """What answers a request: the admission handler (`handler.ReviewHandler`)."""
+    """What answers a request: the admission handler (`handler.ReviewHandler`), or the probes
+    (`probes.ProbeResponder`); each reads the heads it takes (`parse`) and names its method (`allow`)."""
 
     big_lane: asyncio.Semaphore
+    allow: bytes
+
+    def parse(self, head: bytes) -> Head: ...
 
     def answer(self, head: Head, body: bytes) -> Answer: ...
 
@@ -104,7 +122,7 @@ class Host(Protocol):
 
     loop: asyncio.AbstractEventLoop
     limits: Limits
-    context: ssl.SSLContext
+    context: ssl.SSLContext | None  # None: plain HTTP
     responder: Responder
     draining: bool
 
@@ -120,15 +138,16 @@ class Host(Protocol):
 class Conn:
     """One accepted TCP connection, tracked from accept to close."""
 
-    __slots__ = ("sock", "fd", "host", "tls", "phase", "since", "accepted", "closed", "task", "buf", "head",
-                 "body", "out", "close_after", "_reader", "_writer")
+    __slots__ = ("sock", "fd", "host", "peer", "tls", "phase", "since", "accepted", "closed", "task", "buf",
+                 "head", "body", "out", "close_after", "_reader", "_writer")
 
-    def __init__(self, sock: socket.socket, host: Host, accepted: float) -> None:
+    def __init__(self, sock: socket.socket, host: Host, accepted: float, peer: Peer) -> None:
         self.sock: socket.socket = sock
         self.fd = sock.fileno()
         self.host = host
+        self.peer = peer
         self.accepted = accepted
-        self.tls: ssl.SSLSocket | None = None  # from the client's first byte on
+        self.tls: ssl.SSLSocket | None = None  # from the client's first byte on; then also `sock`
         self.phase = Phase.SILENT
         self.since = 0.0
         self.closed = False
@@ -159,17 +178,18 @@ class Conn:
             self._writer = writer
 
     def start(self) -> None:
-        """Wait for the client's first byte; until then the connection costs a socket and nothing more."""
-        self._watch(self._first_byte)
+        """Wait for the client's first byte; until then the connection costs a socket and nothing more.
+        Without TLS the first byte is the request's: read as such, still under the silent phase's deadline."""
+        self._watch(self._first_byte if self.host.context is not None else self._readable)
 
     def _first_byte(self) -> None:
         self._watch(None)
-        if self.closed:
+        context = self.host.context
+        if self.closed or context is None:
             return
         self.host.handshaking(self)  # may make room by closing an older handshake
         try:
-            self.tls = self.host.context.wrap_socket(self.sock, server_side=True,
-                                                     do_handshake_on_connect=False)
+            self.tls = context.wrap_socket(self.sock, server_side=True, do_handshake_on_connect=False)
         except (OSError, ValueError):  # the peer is already gone
             self.abort()
             return
@@ -198,25 +218,24 @@ class Conn:
     # --- reading -------------------------------------------------------------------------------------
 
     def _readable(self) -> None:
-        tls = self.tls
-        assert tls is not None
+        sock, tls = self.sock, self.tls
         got = 0
         try:
             while True:
-                data = tls.recv(READ_SIZE)
+                data = sock.recv(READ_SIZE)
                 if not data:  # the client closed
                     self.abort()
                     return
                 self.buf += data
                 got += len(data)
-                if not tls.pending() or len(self.buf) > READ_SIZE:
+                if tls is None or not tls.pending() or len(self.buf) > READ_SIZE:
                     break
-        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError, BlockingIOError):
             pass
         except (OSError, ValueError):
             self.abort()
             return
-        if got and self.phase in (Phase.NEW, Phase.IDLE):  # a request's first byte starts its clock
+        if got and self.phase in _WAITING:  # a request's first byte starts its clock
             self.host.enter(self, Phase.READING)
         self._process()
 
@@ -228,7 +247,7 @@ class Conn:
                 end = head_end(self.buf)
                 if end < 0:
                     return
-                head = parse_head(bytes(self.buf[:end]))
+                head = self.host.responder.parse(bytes(self.buf[:end]))
             except BadRequest as bad:
                 self._refuse(bad.status)
                 return
@@ -295,7 +314,7 @@ class Conn:
     def _write(self, head: Head, reply: Answer) -> None:
         close = reply.close or not head.keep_alive or self.host.draining
         self.close_after = close
-        self.out = memoryview(answer(reply.status, reply.body, close=close))
+        self.out = memoryview(answer(reply.status, reply.body, close=close, content_type=reply.content_type))
         self.host.enter(self, Phase.WRITING)
         self._flush()
 
@@ -306,24 +325,22 @@ class Conn:
         self.buf.clear()
         self._watch(None)
         self.close_after = True
-        self.out = memoryview(error_answer(status))
+        self.out = memoryview(error_answer(status, self.host.responder.allow))
         self.host.enter(self, Phase.WRITING)
         self._flush()
 
     def _send_now(self, data: bytes) -> None:
         """A short interim answer (100 Continue), sent at once or not at all."""
-        assert self.tls is not None
         with contextlib.suppress(OSError, ValueError):
-            self.tls.send(data)
+            self.sock.send(data)
 
     def _flush(self) -> None:
-        tls = self.tls
-        assert tls is not None
+        sock = self.sock
         try:
             while self.out:  # OpenSSL writes all of it, or asks to be called again with the same bytes
-                sent = tls.send(self.out)
+                sent = sock.send(self.out)
                 self.out = self.out[sent:]
-        except ssl.SSLWantWriteError:
+        except (ssl.SSLWantWriteError, BlockingIOError):
             self._watch(None, self._flush)
             return
         except ssl.SSLWantReadError:
@@ -352,16 +369,19 @@ class Conn:
     # --- closing -------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """A graceful close: TLS close_notify, so an HTTP client sees the close before it reuses the
-        connection, then the socket `close_grace` later (a hostile peer would never answer)."""
+        """A graceful close: TLS close_notify (a FIN without TLS), so an HTTP client sees the close before it
+        reuses the connection, then the socket `close_grace` later (a hostile peer would never answer)."""
         if self.closed:
             return
         self._stop()
-        if self.tls is None:
+        if self.tls is None and self.host.context is not None:  # no TLS session yet: nothing to say
             self._release()
             return
         with contextlib.suppress(OSError, ValueError):
-            self.tls.unwrap()  # sends close_notify; the peer's answer is not awaited
+            if self.tls is not None:
+                self.tls.unwrap()  # sends close_notify; the peer's answer is not awaited
+            else:
+                self.sock.shutdown(socket.SHUT_WR)
         self.host.loop.call_later(self.host.limits.close_grace, self._release)
 
     def abort(self) -> None:

@@ -20,7 +20,7 @@ from ..rules.decision import Decision
 from ..rules.text import clip, quote
 from . import logs
 from .connections import Limits
-from .http11 import Answer, Head
+from .http11 import Answer, Head, parse_head
 from .state import State
 
 __all__ = ["log_decision"]
@@ -30,6 +30,9 @@ logger = logging.getLogger("hami_mt_webhook")
 
 class ReviewHandler:
     """Answers POST /{webhook}: small bodies on the event loop, large ones decoded in a thread."""
+
+    allow = b"POST"
+    parse = staticmethod(parse_head)
 
     def __init__(self, state: State, limits: Limits) -> None:
         self.state = state

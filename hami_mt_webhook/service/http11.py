@@ -1,10 +1,12 @@
-"""HTTP/1.1 for one POST route, as pure functions: a request head in, an answer's bytes out.
+"""HTTP/1.1 for one POST route, and for the probes' GETs, as pure functions: a request head in, an answer's
+bytes out.
 
 The webhook port serves kube-apiserver's POSTs of AdmissionReviews and nothing else, so the protocol
 is the small part of HTTP/1.1 those need: a request line, headers, a body of known length, keep-alive.
 Everything else gets a fixed answer that never echoes what the client sent: a malformed head 400, a
 body without Content-Length 411, one over the limit 413, another method 405, another path 404, a request
-line over its limit 414, a head over its limits 431.
+line over its limit 414, a head over its limits 431. The probe and metrics ports take GETs without a body
+of a few fixed paths (`parse_get`), with the same limits and the same fixed answers.
 `connections` feeds bytes in; nothing here touches a socket.
 """
 
@@ -42,7 +44,7 @@ class BadRequest(Exception):
 class Head:
     """What the server needs of a request head."""
 
-    webhook: str  # the path without its leading slash: "mutate-pods", "warn/validate-pods"
+    webhook: str  # the path without its leading slash: "mutate-pods", "warn/validate-pods"; "readyz"
     length: int
     encoding: str  # Content-Encoding, lower case; "" when absent
     keep_alive: bool
@@ -51,11 +53,13 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What a handler answers: a status and a JSON body; `close` ends the connection after it."""
+    """What a handler answers: a status and a body (JSON, unless a probe's); `close` ends the connection after
+    it."""
 
     status: int
     body: bytes
     close: bool = False
+    content_type: bytes = b"application/json"
 
 
 def head_end(buf: bytes | bytearray) -> int:
@@ -81,6 +85,37 @@ def parse_head(head: bytes) -> Head:
     One regex pass checks every header line (a token, a colon, visible characters), and one more finds
     the few headers the server reads: cheaper than a dict of every header, and a review's head is parsed
     on every request."""
+    method, target, version, found = _read(head)
+    webhook = _route(target)
+    if method != b"POST":
+        raise BadRequest(405)
+    if b"transfer-encoding" in found:
+        raise BadRequest(411)
+    raw = found.get(b"content-length")
+    if raw is None or not raw.isdigit() or len(raw) > 12:
+        raise BadRequest(411 if raw is None else 400)
+    return Head(webhook=webhook, length=int(raw),
+                encoding=found.get(b"content-encoding", b"").decode("latin-1"),
+                keep_alive=_keep_alive(version, found), expects_continue=found.get(b"expect") == b"100-continue")
+
+
+def parse_get(head: bytes, paths: frozenset[str]) -> Head:
+    """Read a probe's request head: a GET of one of `paths` (without their slash), with no body (a probe
+    has none to send, and a body here would only be bytes to hold); raises BadRequest as `parse_head`."""
+    method, target, version, found = _read(head)
+    path = target.partition(b"?")[0].decode("latin-1")
+    if path[:1] != "/" or path[1:] not in paths:
+        raise BadRequest(404)
+    if method != b"GET":
+        raise BadRequest(405)
+    if b"transfer-encoding" in found or found.get(b"content-length", b"0") != b"0":
+        raise BadRequest(400)
+    return Head(webhook=path[1:], length=0, encoding="", keep_alive=_keep_alive(version, found),
+                expects_continue=False)
+
+
+def _read(head: bytes) -> tuple[bytes, bytes, bytes, dict[bytes, bytes]]:
+    """The request line's method, target and version, and the headers a server reads; raises BadRequest."""
     line_end = head.find(b"\r\n")
     request_line = head if line_end < 0 else head[:line_end]
     parts = request_line.split(b" ")
@@ -99,19 +134,12 @@ def parse_head(head: bytes) -> Head:
         if name in found and name in (b"content-length", b"transfer-encoding"):
             raise BadRequest(400)  # two lengths: a smuggling attempt, never a real client
         found[name] = value
-    webhook = _route(target)
-    if method != b"POST":
-        raise BadRequest(405)
-    if b"transfer-encoding" in found:
-        raise BadRequest(411)
-    raw = found.get(b"content-length")
-    if raw is None or not raw.isdigit() or len(raw) > 12:
-        raise BadRequest(411 if raw is None else 400)
+    return method, target, version, found
+
+
+def _keep_alive(version: bytes, found: dict[bytes, bytes]) -> bool:
     connection = found.get(b"connection", b"")
-    keep_alive = b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
-    return Head(webhook=webhook, length=int(raw),
-                encoding=found.get(b"content-encoding", b"").decode("latin-1"), keep_alive=keep_alive,
-                expects_continue=found.get(b"expect") == b"100-continue")
+    return b"close" not in connection if version == b"HTTP/1.1" else b"keep-alive" in connection
 
 
 #: The headers the server reads, found in one pass over the lower-cased head; values without blanks around.
@@ -146,11 +174,11 @@ def answer(status: int, body: bytes, *, close: bool, content_type: bytes = b"app
         b"\r\nConnection: close\r\n\r\n" if close else b"\r\n\r\n", body))
 
 
-def error_answer(status: int) -> bytes:
+def error_answer(status: int, allow: bytes = b"POST") -> bytes:
     """The fixed answer to a request that cannot be served: status and phrase only, and the connection
-    closes."""
+    closes; a 405 names the one method the port takes."""
     phrase = _phrase(status)
-    extra = b"Allow: POST\r\n" if status == 405 else b""
+    extra = b"Allow: " + allow + b"\r\n" if status == 405 else b""
     body = f"{status} {phrase}\n".encode()
     return b"".join((_status_line(status), b"Server: ", SERVER_NAME.encode(), b"\r\n", extra,
                      b"Content-Type: text/plain; charset=utf-8\r\nContent-Length: ", str(len(body)).encode(),

@@ -1,4 +1,4 @@
-"""The HTTPS listener: every connection is bounded from accept to close, and drained on shutdown.
+"""The listeners: every connection is bounded from accept to close, and drained on shutdown.
 
 The webhook fails closed, so a client that can tie up the listener can stop GPU pods cluster-wide.
 The listener therefore accepts connections itself: a connection is counted and timed from the moment
@@ -28,7 +28,14 @@ kube-apiserver's connection pool looks, and closing one races its next request. 
 phase, not since accept: a pooled connection minutes old that has just begun a request is the newest
 reader, not the oldest connection. A caller that connected last is the last to go. Connections whose
 request is being answered are never closed to make room; only when every connection is busy is a new
-one refused.
+one refused. One address holding half of `max_connections` or more (one pod's flood) makes room among
+its own connections, in the same order, and others arriving make room among its connections first: a
+flood that reconnects as fast as it is shed would otherwise close everyone's newest connection within
+a few hundred milliseconds (a probe whose request had not arrived yet, a review being read).
+
+The probe and metrics ports are the same listener without TLS (`context=None`, `probes`): a connection
+goes from silent straight to reading at its first byte, under the same deadlines and the same cap, so
+thousands of idle or slow clients on any port cost the process no more than on the webhook port.
 
 Each connection moves its own bytes (`connections.Conn`: TLS on the socket, HTTP/1.1 from `http11`);
 on shutdown the listener stops accepting, answers what arrives on open connections with
@@ -48,7 +55,7 @@ import ssl
 from collections import Counter
 from collections.abc import Callable
 
-from .connections import SHED_ORDER, SILENT_GRACE, Conn, Limits, Phase, Responder
+from .connections import SHED_ORDER, SILENT_GRACE, Conn, Limits, Peer, Phase, Responder
 
 __all__ = ["Limits"]
 
@@ -83,9 +90,10 @@ def _libc() -> ctypes.CDLL:
 
 
 class Listener:
-    """The webhook's HTTPS port: `responder` answers each request, `Limits` bound every connection."""
+    """One port: HTTPS with a `context` (the webhook's), else plain HTTP (the probes'); `responder` answers
+    each request, `Limits` bound every connection."""
 
-    def __init__(self, responder: Responder, host: str, port: int, context: ssl.SSLContext,
+    def __init__(self, responder: Responder, host: str, port: int, context: ssl.SSLContext | None,
                  limits: Limits, on_close: Callable[[str], None] | None = None) -> None:
         self.responder, self.host, self.port = responder, host, port
         self.context, self.limits = context, limits
@@ -95,6 +103,8 @@ class Listener:
         self.on_close = on_close
         self.closed: Counter[str] = Counter()  # connections the listener closed, by reason
         self._phases: dict[Phase, dict[Conn, None]] = {p: {} for p in Phase}  # each in order of entry
+        self._peers: dict[str, Peer] = {}  # by client address: the same, for each one's own connections
+        self._hog: Peer | None = None  # the address that held the most connections when it last connected
         self._count = 0
         self._timeouts = {Phase.SILENT: limits.handshake_timeout, Phase.HANDSHAKE: limits.handshake_timeout,
                           Phase.NEW: limits.idle_timeout, Phase.IDLE: limits.idle_timeout,
@@ -140,23 +150,28 @@ class Listener:
         assert self.sock is not None
         for _ in range(64):
             try:
-                sock, _addr = self.sock.accept()
+                sock, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as err:  # out of file descriptors, say: the queued connection waits
                 logger.warning("accepting a connection failed: %s", err)
                 return
-            self._accepted(sock)
+            self._accepted(sock, addr[0] if isinstance(addr, tuple) else "")
 
-    def _accepted(self, sock: socket.socket) -> None:
-        if self.draining or (self._count >= self.limits.max_connections and not self._make_room()):
+    def _accepted(self, sock: socket.socket, address: str = "") -> None:
+        peer = self._peers.get(address) or Peer(address)
+        if self.draining or (self._count >= self.limits.max_connections and not self._make_room(peer)):
             self._note("refused")
             sock.close()
             return
         sock.setblocking(False)
         with contextlib.suppress(OSError):  # an answer goes out whole, at once
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn = Conn(sock, self, self.loop.time())
+        conn = Conn(sock, self, self.loop.time(), peer)
+        self._peers[address] = peer
+        peer.count += 1
+        if self._hog is None or peer.count > self._hog.count:
+            self._hog = peer
         self._count += 1
         self.enter(conn, Phase.SILENT)
         conn.start()
@@ -175,15 +190,25 @@ class Listener:
     def enter(self, conn: Conn, phase: Phase) -> None:
         if conn.closed:
             return
+        own = conn.peer.phases
         self._phases[conn.phase].pop(conn, None)
+        own[conn.phase].pop(conn, None)
         conn.phase, conn.since = phase, self.loop.time()
         self._phases[phase][conn] = None
+        own[phase][conn] = None
 
     def forget(self, conn: Conn) -> None:
         """The connection is gone (closed by either side)."""
         if not conn.closed:
             conn.closed = True
             self._phases[conn.phase].pop(conn, None)
+            peer = conn.peer
+            peer.phases[conn.phase].pop(conn, None)
+            peer.count -= 1
+            if not peer.count:
+                del self._peers[peer.address]
+                if self._hog is peer:
+                    self._hog = None
             self._count -= 1
 
     def _close(self, conn: Conn, reason: str | None) -> None:
@@ -200,13 +225,23 @@ class Listener:
         if self.on_close is not None:
             self.on_close(reason)
 
-    def _make_room(self) -> bool:
-        """Close one connection for a new one (see the module's docstring for the order)."""
+    def _make_room(self, peer: Peer) -> bool:
+        """Close one connection for a new one from `peer` (see the module's docstring for the order): among
+        the connections of an address holding half the cap, if there is one, else among all."""
+        half = self.limits.max_connections / 2
+        if peer.count >= half:  # the flood's own new connection: room among its own, or none
+            return self._shed(peer.phases)
+        hog = self._hog
+        if hog is not None and hog.count >= half and self._shed(hog.phases):
+            return True
+        return self._shed(self._phases)
+
+    def _shed(self, phases: dict[Phase, dict[Conn, None]]) -> bool:
         now = self.loop.time()
         for i, group in enumerate(SHED_ORDER):
             oldest: Conn | None = None
             for phase in group:
-                conns = self._phases[phase]
+                conns = phases[phase]
                 if conns:
                     first = next(iter(conns))
                     # By time in the phase, not the connection's age: a kept-alive connection of

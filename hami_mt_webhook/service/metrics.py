@@ -58,6 +58,12 @@ class Metrics:
                                           "Connections the listener closed: refused, shed to make room for a "
                                           "new one, or past a deadline; by reason and phase.", ["reason"],
                                           registry=r)
+        self.probe_connections = Gauge("hami_mt_webhook_probe_connections",
+                                       "Open connections on the probe and metrics ports.", registry=r)
+        self.probe_connections_closed = Counter("hami_mt_webhook_probe_connections_closed",
+                                                "Connections the probe and metrics ports' listeners closed, as "
+                                                "hami_mt_webhook_connections_closed counts the webhook port's.",
+                                                ["reason"], registry=r)
         self.nonstandard = Gauge("hami_mt_webhook_nonstandard_capacity_nodes",
                                  "Sliced nodes whose per-card sgpu-memory is not a known card size (96, 160 "
                                  "or a memoryPerCard value): overcommitted memory, usually.", registry=r)
@@ -100,6 +106,9 @@ class Metrics:
 
     def connection_closed(self, reason: str) -> None:
         self._child(self.connections_closed, reason).inc()
+
+    def probe_connection_closed(self, reason: str) -> None:
+        self._child(self.probe_connections_closed, reason).inc()
 
     def peers_seen(self, **counts: int) -> None:
         """How many other replicas this one hears, does not hear, and disputes (`PEER_STATES`)."""

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import aiohttp.web
 import orjson
 
+from .http11 import Answer
 from .nodefeed import Feed
 from .nodewatch import Login, Watch, session
 from .peerview import CONDITION, Replica, Timing, Verdict, View, disputed, judge, replica
@@ -112,9 +112,9 @@ class Peers:
         heard = {name: now - t for name, t in self._heard.items()}
         return View(self.me, heard, frozenset(n for n, s in heard.items() if s >= self.timing.silent_after))
 
-    async def answer(self, _: aiohttp.web.Request) -> aiohttp.web.Response:
+    def answer(self) -> Answer:
         """GET /peers: this replica's view, which is also how the others know it answers."""
-        return aiohttp.web.Response(body=orjson.dumps(self.view().to_json()), content_type="application/json")
+        return Answer(200, orjson.dumps(self.view().to_json()))
 
     # the loop -----------------------------------------------------------------------------------------
 

@@ -1,34 +1,64 @@
-"""/readyz: ready only when the node view is synced and the webhook port listens; not while draining."""
+"""The probe and metrics ports: /readyz, /livez, /metrics and /peers on a plain-HTTP listener with the
+webhook port's limits: ready only when the node view is synced and the webhook port listens, and slow,
+idle or silent clients by the thousand cut, shed and drained as on the webhook port."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 
 import aiohttp
-from aiohttp.test_utils import TestClient, TestServer
+import orjson
 
+from devtools import attacks
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
-from hami_mt_webhook.service.probes import health_app
+from hami_mt_webhook.service import probes
+from hami_mt_webhook.service.listener import Limits, Listener
+from hami_mt_webhook.service.peers import Failover, Peers
 from hami_mt_webhook.service.state import State
 from tests.builders import nodes_view
+from tests.service.test_listener import eventually
+
+FAST = Limits(drain_seconds=0.3, shutdown_timeout=0.3)
 
 
-async def readyz(client: TestClient) -> tuple[int, str]:
-    resp = await client.get("/readyz")
-    return resp.status, await resp.text()
+@contextlib.asynccontextmanager
+async def serve_probes(state: State, limits: Limits = FAST, peers: probes.Route | None = None
+                       ) -> AsyncIterator[Listener]:
+    """The probe port as `serve` runs it, on a port the kernel picks."""
+    listeners = await probes.listen(state, probes.routes(state, peers), "127.0.0.1", [0], limits)
+    try:
+        yield listeners[0]
+    finally:
+        await probes.stop(listeners)
+
+
+async def get(port: int, path: str) -> tuple[int, dict[str, str], bytes]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
+        return await asyncio.wait_for(attacks.read_answer(reader), 5)
+    finally:
+        writer.close()
+
+
+async def readyz(port: int) -> tuple[int, str]:
+    status, _, body = await get(port, "/readyz")
+    return status, body.decode()
 
 
 async def test_ready_needs_the_view_and_the_listener(serve_webhook) -> None:
     state = State(Config(), ClusterView(ready=False))
-    async with TestClient(TestServer(health_app(state))) as client:
-        assert await readyz(client) == (503, "not ready: the node view is not synced yet\n")
+    async with serve_probes(state) as probe:
+        assert await readyz(probe.port) == (503, "not ready: the node view is not synced yet\n")
         state.view.replace({node.name: node for node in nodes_view()})
         state.view.ready = True  # as the node feed sets it once the set is complete
         # The view is synced before kopf has started the webhook server: still not ready.
-        assert await readyz(client) == (503, "not ready: the webhook port is not listening\n")
+        assert await readyz(probe.port) == (503, "not ready: the webhook port is not listening\n")
         async with serve_webhook(state) as running:
-            assert await readyz(client) == (200, "ready: 2 sliced nodes\n")
+            assert await readyz(probe.port) == (200, "ready: 2 sliced nodes\n")
             async with aiohttp.ClientSession() as plain:  # the port really answers by now
                 try:
                     await plain.get(f"http://127.0.0.1:{running.port}/")
@@ -36,11 +66,174 @@ async def test_ready_needs_the_view_and_the_listener(serve_webhook) -> None:
                     pass  # TLS expected; the connection was accepted, which is all this checks
         # Stopped (drained): out of the Service's endpoints again.
         await asyncio.sleep(0)
-        assert await readyz(client) == (503, "not ready: the webhook port is not listening\n")
+        assert await readyz(probe.port) == (503, "not ready: the webhook port is not listening\n")
 
 
 async def test_livez_does_not_depend_on_readiness() -> None:
+    async with serve_probes(State(Config(), ClusterView(ready=False))) as probe:
+        status, headers, body = await get(probe.port, "/livez")
+        assert (status, body, headers["content-type"]) == (200, b"ok\n", "text/plain; charset=utf-8")
+
+
+async def test_metrics_are_prometheus_text_and_count_the_probe_ports_connections() -> None:
     state = State(Config(), ClusterView(ready=False))
-    async with TestClient(TestServer(health_app(state))) as client:
-        resp = await client.get("/livez")
-        assert resp.status == 200 and await resp.text() == "ok\n"
+    async with serve_probes(state, Limits(request_timeout=0.2)) as probe:
+        _, writer = await asyncio.open_connection("127.0.0.1", probe.port)
+        writer.write(b"GET /metrics HTTP/1.1\r\n")  # and nothing more: cut at the request deadline
+        await eventually(lambda: probe.cut_off == 1)
+        writer.close()
+        status, headers, body = await get(probe.port, "/metrics?x=1")
+    assert status == 200 and headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert b'hami_mt_webhook_probe_connections_closed_total{reason="deadline-reading"} 1.0' in body
+    assert b"\nhami_mt_webhook_probe_connections 1.0\n" in body  # the scrape's own connection
+
+
+async def test_peers_answers_this_replicas_view() -> None:
+    state = State(Config(), ClusterView(ready=False))
+    peers = Peers(state, lambda: None, Failover(me="webhook-a", namespace="ns", selector="app=x"), port=0,
+                  mode="list")
+    async with serve_probes(state, peers=peers.answer) as probe:
+        status, headers, body = await get(probe.port, "/peers")
+    assert (status, headers["content-type"]) == (200, "application/json")
+    assert orjson.loads(body) == {"name": "webhook-a", "heard": {}, "silent": []}
+
+
+async def test_other_methods_and_paths_get_fixed_answers_without_a_banner() -> None:
+    async with serve_probes(State(Config(), ClusterView(ready=False))) as probe:
+        answers = {}
+        for request in (b"POST /readyz HTTP/1.1\r\nContent-Length: 0\r\n\r\n", b"GET /peers HTTP/1.1\r\n\r\n",
+                        b"GET /readyz/x HTTP/1.1\r\n\r\n", b"GET /livez HTTP/1.1\r\nContent-Length: 5\r\n\r\n",
+                        b"GET /livez HTTP/2.0\r\n\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", probe.port)
+            writer.write(request)
+            status, headers, body = await asyncio.wait_for(attacks.read_answer(reader), 5)
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # and the connection closes
+            writer.close()
+            answers[request.split(b"\r\n")[0]] = (status, headers.get("allow"), body)
+            assert headers["server"] == "hami-mt-webhook"
+    assert answers == {b"POST /readyz HTTP/1.1": (405, "GET", b"405 Method Not Allowed\n"),
+                       b"GET /peers HTTP/1.1": (404, None, b"404 Not Found\n"),  # no failover: no /peers
+                       b"GET /readyz/x HTTP/1.1": (404, None, b"404 Not Found\n"),
+                       b"GET /livez HTTP/1.1": (400, None, b"400 Bad Request\n"),
+                       b"GET /livez HTTP/2.0": (505, None, b"505 HTTP Version Not Supported\n")}
+
+
+async def test_pipelined_gets_on_one_kept_alive_connection_are_answered_in_order() -> None:
+    async with serve_probes(State(Config(), ClusterView(ready=False))) as probe:
+        reader, writer = await asyncio.open_connection("127.0.0.1", probe.port)
+        writer.write(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\nGET /readyz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = await asyncio.wait_for(attacks.read_answer(reader), 5)
+        second = await asyncio.wait_for(attacks.read_answer(reader), 5)
+        assert (first[0], first[2], second[0]) == (200, b"ok\n", 503)
+        assert "connection" not in second[1]  # kept alive: a third request is answered too
+        writer.write(b"GET /livez HTTP/1.1\r\nConnection: close\r\n\r\n")
+        third = await asyncio.wait_for(attacks.read_answer(reader), 5)
+        assert third[1]["connection"] == "close" and await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+
+
+async def test_a_client_sending_a_header_byte_at_a_time_is_cut_at_the_request_deadline() -> None:
+    async with serve_probes(State(Config(), ClusterView(ready=False)), Limits(request_timeout=0.5)) as probe:
+        reader, writer = await asyncio.open_connection("127.0.0.1", probe.port)
+        loop = asyncio.get_running_loop()
+        writer.write(b"GET /readyz HTTP/1.1\r\n")
+        started = loop.time()
+        closed_after = None
+        for byte in b"X-Slow: " + b"a" * 40:  # a byte every 0.1 s: never a whole head within 0.5 s
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+                if await asyncio.wait_for(reader.read(1), 0.1) == b"":
+                    closed_after = loop.time() - started
+                    break
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                closed_after = loop.time() - started
+                break
+        writer.close()
+        assert closed_after is not None and 0.4 < closed_after < 2.0
+        assert probe.closed["deadline-reading"] == 1
+        assert (await readyz(probe.port))[0] == 503  # and it keeps answering
+
+
+async def test_thousands_of_silent_connections_are_shed_oldest_first_and_readyz_answers(nodes_view) -> None:
+    state = State(Config(), nodes_view)
+    state.serving = True
+    limits = Limits(max_connections=100, handshake_timeout=60, drain_seconds=0.2, shutdown_timeout=0.2)
+    async with serve_probes(state, limits) as probe:
+        held: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        try:
+            for _ in range(3000):
+                held.append(await asyncio.open_connection("127.0.0.1", probe.port))
+            await eventually(lambda: probe.connections == 100 and probe.closed["shed-silent"] >= 2900)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await readyz(probe.port) == (200, "ready: 2 sliced nodes\n")
+            assert loop.time() - started < 1.0
+            # The oldest were closed to make room; the newest are still held.
+            assert await asyncio.wait_for(held[0][0].read(), 5) == b""
+            assert not await closed_soon(held[-1][0])
+        finally:
+            for _, writer in held:
+                writer.transport.abort()
+
+
+async def test_a_flood_from_one_address_makes_room_among_its_own_connections(nodes_view) -> None:
+    state = State(Config(), nodes_view)
+    state.serving = True
+    limits = Limits(max_connections=50, handshake_timeout=60, drain_seconds=0.2, shutdown_timeout=0.2)
+    async with serve_probes(state, limits) as probe:
+        # Others' connections: one whose request has not arrived yet, one kept alive after a GET.
+        waiting = await asyncio.open_connection("127.0.0.1", probe.port)
+        kept = await asyncio.open_connection("127.0.0.1", probe.port)
+        kept[1].write(b"GET /livez HTTP/1.1\r\n\r\n")
+        assert (await asyncio.wait_for(attacks.read_answer(kept[0]), 5))[0] == 200
+        flood = []
+        try:
+            for _ in range(500):  # one pod reconnecting as fast as it is shed
+                flood.append(await asyncio.open_connection("127.0.0.1", probe.port, local_addr=("127.0.0.2", 0)))
+            await eventually(lambda: probe.closed["shed-silent"] >= 450)
+            assert await readyz(probe.port) == (200, "ready: 2 sliced nodes\n")  # a newcomer sheds the flood's
+            for reader, writer in (waiting, kept):  # and the flood never closed the others' connections
+                writer.write(b"GET /readyz HTTP/1.1\r\n\r\n")
+                assert (await asyncio.wait_for(attacks.read_answer(reader), 5))[0] == 200
+            assert probe.connections <= 50
+        finally:
+            for _, writer in (*flood, waiting, kept):
+                writer.transport.abort()
+
+
+async def test_stopping_answers_a_kept_alive_connection_with_close_and_refuses_new_ones() -> None:
+    state = State(Config(), ClusterView(ready=False))
+    listeners = await probes.listen(state, probes.routes(state), "127.0.0.1", [0],
+                                    Limits(drain_seconds=2.0, shutdown_timeout=0.3))
+    probe = listeners[0]
+    reader, writer = await asyncio.open_connection("127.0.0.1", probe.port)
+    writer.write(b"GET /livez HTTP/1.1\r\n\r\n")
+    assert (await asyncio.wait_for(attacks.read_answer(reader), 5))[0] == 200
+    stopping = asyncio.create_task(probes.stop(listeners))
+    await eventually(lambda: probe.draining)
+    writer.write(b"GET /livez HTTP/1.1\r\n\r\n")  # on the open connection: answered, with its close
+    status, headers, _ = await asyncio.wait_for(attacks.read_answer(reader), 5)
+    assert (status, headers["connection"]) == (200, "close")
+    assert await asyncio.wait_for(reader.read(), 5) == b""
+    await asyncio.wait_for(stopping, 5)
+    assert probe.connections == 0
+    try:
+        await asyncio.open_connection("127.0.0.1", probe.port)
+    except ConnectionRefusedError:
+        pass
+    else:
+        raise AssertionError("the port still accepts")
+    writer.close()
+
+
+async def closed_soon(reader: asyncio.StreamReader) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), 0.3) == b""
+    except TimeoutError:
+        return False
+    except ConnectionError:
+        return True
+
