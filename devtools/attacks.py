@@ -2,7 +2,8 @@
 
 Used by `make bench` (the "hostile clients" part) and by the end-to-end test that creates a pod
 through kube-apiserver while a flood is held. A flood holds its connections open and opens a new one
-whenever the server closes one, so the pressure lasts as long as the flood runs. Only 127.0.0.1.
+whenever the server closes one, so the pressure lasts as long as the flood runs. 127.0.0.1 unless `--host`
+names another address (a replica's pod IP, from inside a pod's network namespace on the node tier).
 
     python -m devtools.attacks idle --port 8443 --count 600   # until SIGTERM or --seconds
 
@@ -20,12 +21,18 @@ import contextlib
 import os
 import signal
 import ssl
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import orjson
+
+from devtools import procs
+from devtools.binaries import REPO_ROOT
 
 KINDS = ("idle", "slow-read", "silent", "half-hello", "big", "slow-header", "plain-idle")
 HOST = "127.0.0.1"
@@ -83,6 +90,7 @@ class Flood:
     hold: float = 12.0  # slow readers cannot see a close without reading: each is replaced after this
     trickle: float = 10.0  # slow-header: seconds between header bytes
     source: str | None = None  # the address to connect from (127.0.0.2: one pod, not the callers measured)
+    host: str = HOST  # the server's address: loopback, or a replica's pod IP from inside a pod's namespace
     opened: int = 0
     closed_by_server: int = 0
     answered: int = 0
@@ -117,7 +125,7 @@ class Flood:
                 async with gate:
                     tls = self._ctx if self.kind in ("idle", "slow-read", "big") else None
                     reader, writer = await asyncio.wait_for(
-                        asyncio.open_connection(HOST, self.port, ssl=tls, limit=1 << 16,
+                        asyncio.open_connection(self.host, self.port, ssl=tls, limit=1 << 16,
                                                 local_addr=(self.source, 0) if self.source else None), 10)
                 self.opened += 1
                 self.open_now += 1
@@ -249,6 +257,34 @@ async def time_to_close(port: int, cafile: str, first: bytes = b"", timeout: flo
         writer.transport.abort()
 
 
+class Flooder:
+    """One flood in a process of its own (`main`), started behind `prefix` (a CPU pin, or `nsenter` into a
+    pod's network namespace), from `source` and to `host` when given."""
+
+    def __init__(self, kind: str, count: int, port: int, log: Path, *, prefix: Sequence[str] = (),
+                 cafile: Path | None = None, source: str | None = None, host: str | None = None) -> None:
+        cmd = [*prefix, sys.executable, "-m", "devtools.attacks", kind, "--port", str(port), "--count", str(count),
+               *(["--cafile", str(cafile)] if cafile else []), *(["--source", source] if source else []),
+               *(["--host", host] if host else [])]
+        self.proc = procs.spawn(cmd, log, pipe=True, cwd=REPO_ROOT, mode="wb")
+
+    def wait_holding(self, timeout: float) -> bool:
+        return procs.wait_line(self.proc, b"holding", timeout)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the flood; its counts, as it printed them on the way out."""
+        procs.signal_group(self.proc.pid, signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            procs.signal_group(self.proc.pid, signal.SIGKILL)
+            out, _ = self.proc.communicate()
+        with contextlib.suppress(ValueError, IndexError):
+            loaded: dict[str, Any] = orjson.loads(out.strip().splitlines()[-1])
+            return loaded
+        return {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one flood until SIGTERM or `--seconds`; print `holding` once it is up, then its counts as JSON."""
     p = argparse.ArgumentParser(prog="python -m devtools.attacks", description=__doc__,
@@ -261,13 +297,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=0, help="stop after this long [0: until SIGTERM]")
     p.add_argument("--trickle", type=float, default=10.0, help="slow-header: seconds between header bytes [10]")
     p.add_argument("--source", help="connect from this loopback address, e.g. 127.0.0.2 [the kernel's choice]")
+    p.add_argument("--host", default=HOST, help=f"the server's address [{HOST}]")
     a = p.parse_args(argv)
     body = b""
     if a.kind in ("big", "slow-read"):
         body = review(a.body_mib if a.kind == "big" else 0)
 
     async def go() -> dict:
-        flood = Flood(a.kind, a.port, a.count, a.cafile, body, trickle=a.trickle, source=a.source)
+        flood = Flood(a.kind, a.port, a.count, a.cafile, body, trickle=a.trickle, source=a.source,
+                      host=a.host)
         stop, held = asyncio.Event(), asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)

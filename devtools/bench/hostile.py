@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -20,7 +16,6 @@ from typing import Any
 import orjson
 
 from devtools import attacks, procs
-from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, percentile, table
 from devtools.bench.servers import Pinning, Server, drop_worktree, webhook_tree, worktree
 from devtools.bench.workload import PATH
@@ -48,30 +43,6 @@ ATTACKS = (
 
 #: Where the floods come from: one pod's address, not the one the reviews and probes measured come from.
 FLOOD_SOURCE = "127.0.0.2"
-
-
-class Flooder:
-    """One `hostile` flood in its own process, pinned beside the load generator."""
-
-    def __init__(self, kind: str, count: int, port: int, cafile: Path, pin: list[str], log: Path) -> None:
-        cmd = [*pin, sys.executable, "-m", "devtools.attacks", kind, "--port", str(port),
-               "--count", str(count), "--cafile", str(cafile), "--source", FLOOD_SOURCE]
-        self.proc = procs.spawn(cmd, log, pipe=True, cwd=REPO_ROOT, mode="wb")
-
-    def wait_holding(self, timeout: float) -> bool:
-        return procs.wait_line(self.proc, b"holding", timeout)
-
-    def stop(self) -> dict[str, Any]:
-        """Stop the flood; its counts, as it printed them on the way out."""
-        procs.signal_group(self.proc.pid, signal.SIGTERM)
-        try:
-            out, _ = self.proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            procs.signal_group(self.proc.pid, signal.SIGKILL)
-            out, _ = self.proc.communicate()
-        with contextlib.suppress(ValueError, IndexError):
-            return orjson.loads(out.strip().splitlines()[-1])
-        return {}
 
 
 def rss_mib(pid: int) -> float | None:
@@ -127,7 +98,7 @@ def _hold_attack(name: str, what: str, floods: Sequence[tuple[str, int]], target
     result = Held(name, what, server, target)
     srv = Server("webhook", layout, workdir, pin.server, opts.s5000, opts.s4000, "warning", health=True,
                  tree=before or webhook_tree(opts, workdir), name=server)
-    flooders: list[Flooder] = []
+    flooders: list[attacks.Flooder] = []
     peak = [0.0]
     sampling = True
 
@@ -142,7 +113,8 @@ def _hold_attack(name: str, what: str, floods: Sequence[tuple[str, int]], target
         sampler.start()
         port = srv.health_port if target == "probe" else srv.port
         for i, (kind, count) in enumerate(floods):
-            flooders.append(Flooder(kind, count, port, layout.ca_cert, pin.load, workdir / f"flood-{i}.log"))
+            flooders.append(attacks.Flooder(kind, count, port, workdir / f"flood-{i}.log", prefix=pin.load,
+                                                cafile=layout.ca_cert, source=FLOOD_SOURCE))
         result.held = all(f.wait_holding(60) for f in flooders)
         time.sleep(1.0)  # the flood in place: the server has had to deal with it
         body = review_body(pod("slice"))

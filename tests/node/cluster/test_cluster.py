@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,27 +22,11 @@ from devtools.node import ZONE_LABEL, process_state
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, creating
 from tests.e2e.support import until
+from tests.node.pods import connect, in_pod, pause_pod
 
 from ..conftest import MEASURED, NAMESPACE
 
 GPU_NODE = "mthreads.com/gpu-node"
-#: A TCP connect's outcome, printed by a Python run where the caller says (`connect`).
-CONNECT = """
-import socket, sys
-s = socket.socket()
-s.settimeout(float(sys.argv[3]))
-try:
-    s.connect((sys.argv[1], int(sys.argv[2])))
-    print("connected")
-except TimeoutError:
-    print("timeout")
-except ConnectionRefusedError:
-    print("refused")
-except OSError as e:
-    print(f"error {e.strerror}")
-"""
-
-
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     c = Cluster(3, labels=[{}, {}, {GPU_NODE: "true"}])
@@ -79,31 +62,9 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
 
 
-def connect(prefix: list[str], ip: str, port: int, timeout: float = 2.0) -> str:
-    """A TCP connect to ip:port from where `prefix` enters: connected, refused, timeout or an error."""
-    done = subprocess.run([*prefix, sys.executable, "-c", CONNECT, ip, str(port), str(timeout)],
-                          capture_output=True, text=True, timeout=timeout + 30, check=True)
-    return done.stdout.strip()
-
-
 def fabric(c: Cluster) -> list[str]:
     assert c.fabric is not None
     return c.fabric.prefix
-
-
-def in_pod(c: Cluster, namespace: str, name: str) -> list[str]:
-    return ["nsenter", f"--net=/proc/{min(c.container_processes(namespace, name))}/ns/net", "--"]
-
-
-def pause_pod(c: Cluster, name: str, node: str) -> str:
-    """A pod of the pause image on `node`, with a memory limit, Running; returns its name."""
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-           "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 1,
-                    "containers": [{"name": "pause", "image": c.pause, "imagePullPolicy": "Never",
-                                    "resources": {"limits": {"memory": "64Mi"}}}]}}
-    c.kubectl("create", "-f", "-", input=json.dumps(pod))
-    until(f"pod {name} running", lambda: c.container_status("default", name).get("state", {}).get("running"), 60)
-    return name
 
 
 def test_three_nodes_ready_each_in_its_zone(cluster: Cluster) -> None:
