@@ -1,0 +1,284 @@
+"""A NetworkPolicy implementation on the node tier: kube-network-policies on every node of a `Cluster`.
+
+Kubernetes stores NetworkPolicies but enforces none: that is the network plugin's job, and the node tier's
+CNI (a bridge, routing only) has none. So a NetworkPolicy for the webhook's pods is only proven where
+something enforces it; here that is sigs.k8s.io/kube-network-policies (the implementation kind uses),
+built by scripts/build-kube-network-policies.sh and run as kind runs it, one per node, but as a process
+of the node (as kubelet is) rather than a DaemonSet pod:
+
+- in the node's network and mount namespace (`Host.ns.prefix`): it programs nftables there (a table
+  `kube-network-policies`, inet family, on the prerouting and postrouting hooks), and every packet of a
+  node's pods passes through that namespace: routed to the fabric and the other nodes, or bridged on
+  `hmw0` between pods of the same node, which the IP hooks see because br_netfilter is in the kernel and
+  `bridge-nf-call-iptables` is 1 (set here, per namespace). New connections from or to a pod of the
+  node go to nfqueue 100, where it gives its verdict from the NetworkPolicies it watches;
+- logged in as the user `hami-mt:kube-network-policies` (a client certificate, at the `kubernetes`
+  Service's cluster IP, as kubelet is), with the rights of upstream's ClusterRole: read pods, namespaces,
+  nodes and NetworkPolicies (`RBAC`);
+- with `--hostname-override` the node's name (it enforces for the pods of that node only),
+  `--disable-nri` (containerd 1.6 has no NRI; pod IPs then come from the API server, so a pod's first
+  packets before its IP is published are judged without it, as upstream documents), metrics on the
+  node's loopback only, and fail-closed (no `--fail-open`: with it stopped, queued packets are dropped).
+
+Its processes are in the node's network namespace, so they belong to the node (`Host.processes`): a
+`kill_node` kills them with the node and `Cluster.stop` stops them; `revive_node` and `restart_*` do not
+start them again (`Enforcer.restart(host)` does).
+
+    python -m devtools.netpol proof     a 2-node cluster, the enforcer, and a policy checked both ways
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from devtools import image, node, pki
+from devtools.binaries import REPO_ROOT
+from devtools.node import Host
+from devtools.nodes import Cluster
+from devtools.procs import spawn, tail, terminate
+
+BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-network-policies.sh"
+NAME = "kube-network-policies"
+USER = "hami-mt:kube-network-policies"
+PROBE_SOURCE = REPO_ROOT / "controlplane" / "netprobe"
+#: Upstream's ClusterRole (install.yaml of v0.8.0), bound to our user.
+RBAC = f"""\
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: {USER}
+rules:
+- apiGroups: [""]
+  resources: [pods, namespaces, nodes]
+  verbs: [list, watch, get]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [list, watch, get]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: {USER}
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: {USER}
+subjects:
+- apiGroup: rbac.authorization.k8s.io
+  kind: User
+  name: {USER}
+"""
+
+
+class NetpolError(RuntimeError):
+    """kube-network-policies could not be built or started."""
+
+
+def binary() -> Path:
+    """The kube-network-policies binary, built once by the build script (progress to our stderr)."""
+    proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stderr is not None
+    last: collections.deque[str] = collections.deque(maxlen=40)
+    for line in proc.stderr:
+        last.append(line)
+        with contextlib.suppress(OSError):
+            sys.stderr.write(line)
+    out = proc.stdout.read().strip()
+    if proc.wait() != 0 or not out:
+        raise NetpolError(f"{BUILD_SCRIPT} failed with exit status {proc.returncode}:\n{''.join(last)}")
+    path = Path(out.splitlines()[-1]) / NAME
+    if not path.is_file():
+        raise NetpolError(f"{BUILD_SCRIPT} names {path.parent}, which has no {NAME}")
+    return path
+
+
+def probe_image() -> str:
+    """The probe pods' image (controlplane/netprobe), built once per state of its source, FROM scratch."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(PROBE_SOURCE.iterdir()))).hexdigest()[:12]
+    name = f"localhost/hami-mt-netprobe:{digest}"
+    if image.exists(name):
+        return name
+    with tempfile.TemporaryDirectory(prefix="hami-mt-netprobe-") as tmp:
+        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", f"{tmp}/netprobe", "."],
+                       cwd=PROBE_SOURCE, env={**os.environ, "CGO_ENABLED": "0"}, check=True,
+                       capture_output=True, timeout=600)
+        Path(tmp, "Containerfile").write_text('FROM scratch\nCOPY netprobe /netprobe\nUSER 65535:65535\n'
+                                              'ENTRYPOINT ["/netprobe"]\n')
+        image.run("build", "--quiet", "--runtime", "runc", "--tag", name, tmp)
+    return name
+
+
+class Enforcer:
+    """kube-network-policies on every node of a started `cluster`; `start()` returns once each has loaded
+    its nftables table and bound its queue."""
+
+    def __init__(self, cluster: Cluster, *, fail_open: bool = False, queue: int = 100) -> None:
+        self.cluster = cluster
+        self.fail_open = fail_open
+        self.queue = queue
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._cmd: list[str] = []
+
+    def start(self, timeout: float = 60.0) -> Enforcer:
+        cp = self.cluster.controlplane
+        self.cluster.kubectl("apply", "-f", "-", input=RBAC)
+        assert cp._ca is not None
+        kubeconfig = pki.user_kubeconfig(self.cluster.workdir, cp._ca,
+                                         f"https://{pki.SERVICE_IP}:{node.APISERVER_PORT}", USER)
+        self._cmd = [str(binary()), f"--kubeconfig={kubeconfig}", f"--nfqueue-id={self.queue}",
+                     "--metrics-bind-address=127.0.0.1:9080", "--disable-nri", "--v=2",
+                     *(["--fail-open"] if self.fail_open else [])]
+        for host in self.cluster.hosts:
+            self._start(host)
+        for host in self.cluster.hosts:
+            self.wait(host, timeout)
+        return self
+
+    def _start(self, host: Host) -> None:
+        assert host.ns is not None
+        # Bridged packets (pod to pod on one node) through the IP hooks, in this namespace only.
+        host.inside("sh", "-ec", "echo 1 > /proc/sys/net/bridge/bridge-nf-call-iptables; "
+                    "echo 1 > /proc/sys/net/bridge/bridge-nf-call-ip6tables")
+        self.procs[host.name] = spawn([*host.ns.prefix, *self._cmd, f"--hostname-override={host.name}"],
+                                      self.log(host))
+
+    def log(self, host: Host) -> Path:
+        return host.workdir / f"{NAME}.log"
+
+    def wait(self, host: Host, timeout: float = 60.0) -> None:
+        """Until the node's table is loaded and its queue bound (/proc/net/netfilter/nfnetlink_queue)."""
+        proc = self.procs[host.name]
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise NetpolError(f"{NAME} on {host.name} exited with {proc.returncode}:\n{tail(self.log(host))}")
+            table = host.inside("nft", "list", "table", "inet", NAME, check=False).returncode == 0
+            queues = host.inside("cat", "/proc/net/netfilter/nfnetlink_queue", check=False).stdout.split()
+            if table and queues[:1] == [str(self.queue)]:
+                return
+            if time.monotonic() > deadline:
+                raise NetpolError(f"{NAME} on {host.name}: table loaded {table}, queues {queues}, after "
+                                  f"{timeout:.0f} s:\n{tail(self.log(host))}")
+            time.sleep(0.5)
+
+    def restart(self, host: Host) -> None:
+        """Start it again on `host` (after `revive_node`, or to see a restart)."""
+        old = self.procs.get(host.name)
+        if old is not None:
+            terminate(old)
+        self._start(host)
+        self.wait(host)
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            terminate(proc, grace=10)
+
+
+# --- the proof: `python -m devtools.netpol proof` --------------------------------------------------------
+
+POLICY_DENY = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: default-deny, namespace: np-server}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress]
+"""
+POLICY_ALLOW = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-client, namespace: np-server}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress]
+  ingress:
+  - from:
+    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: np-client}}
+      podSelector: {matchLabels: {app: client}}
+    ports: [{port: 8080, protocol: TCP}]
+"""
+
+
+def _pod(namespace: str, name: str, node_name: str, probe: str, args: list[str]) -> str:
+    return json.dumps({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name.split("-")[0]}},
+        "spec": {"nodeName": node_name, "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "probe", "image": probe, "imagePullPolicy": "Never", "args": args,
+            "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]}})
+
+
+def _results(cluster: Cluster, namespace: str, pod: str, since: float) -> collections.Counter[str]:
+    """ok/fail counts per target in the probe's log lines stamped at or after `since` (unix seconds)."""
+    counts: collections.Counter[str] = collections.Counter()
+    for line in cluster.kubectl("logs", "-n", namespace, pod).stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and float(parts[0]) >= since:
+            counts[f"{parts[1]} {parts[2]}"] += 1
+    return counts
+
+
+def proof(window: float = 8.0) -> int:
+    """Two nodes; a server pod in np-server on each node, a client pod in np-client on node 1 that connects
+    to both servers (one on its node, bridged; one across, routed) every second. Open, then default-deny
+    on np-server, then an allow for np-client's client. Prints what each phase saw; 0 when each is as
+    expected."""
+    probe = probe_image()
+    with Cluster(2, images=[probe]) as cluster:
+        enforcer = Enforcer(cluster).start()
+        try:
+            n1, n2 = cluster.names
+            k = cluster.kubectl
+            for ns in ("np-server", "np-client"):
+                k("create", "namespace", ns)
+            deadline = time.monotonic() + 60  # pods are admitted once the namespace's ServiceAccount exists
+            while any(k("get", "serviceaccount", "-n", ns, "default", check=False).returncode
+                      for ns in ("np-server", "np-client")):
+                if time.monotonic() > deadline:
+                    raise NetpolError("no default ServiceAccount in np-server and np-client after 60 s")
+                time.sleep(0.5)
+            k("apply", "-f", "-", input=_pod("np-server", "server-1", n1, probe, []))
+            k("apply", "-f", "-", input=_pod("np-server", "server-2", n2, probe, []))
+            k("wait", "-n", "np-server", "--for=condition=Ready", "pod", "--all", "--timeout=120s", timeout=130)
+            ips = {p: k("get", "pod", "-n", "np-server", p, "-o", "jsonpath={.status.podIP}").stdout
+                   for p in ("server-1", "server-2")}
+            targets = [f"{ips['server-1']}:8080", f"{ips['server-2']}:8080"]
+            k("apply", "-f", "-", input=_pod("np-client", "client-1", n1, probe, targets))
+            k("wait", "-n", "np-client", "--for=condition=Ready", "pod/client-1", "--timeout=120s", timeout=130)
+            print(f"servers {ips} (server-1 on {n1}, server-2 on {n2}); client-1 on {n1}", flush=True)
+            expected = {"open": "ok", "default-deny": "fail", "allow np-client": "ok"}
+            failed = 0
+            for phase, apply in (("open", None), ("default-deny", POLICY_DENY), ("allow np-client", POLICY_ALLOW)):
+                if apply:
+                    k("apply", "-f", "-", input=apply)
+                time.sleep(2)  # the informers see the policy; connections already judged are left alone
+                since = time.time()
+                time.sleep(window)
+                seen = _results(cluster, "np-client", "client-1", since)
+                ok = all(seen.get(f"{t} {expected[phase]}", 0) > 0 and
+                         sum(v for key, v in seen.items() if key.startswith(t)) == seen[f"{t} {expected[phase]}"]
+                         for t in targets)
+                failed += not ok
+                print(f"{phase}: {dict(seen)} -> {'as expected' if ok else 'NOT as expected'}", flush=True)
+            for host in cluster.hosts:
+                print(f"--- {host.name}: {NAME}'s table\n"
+                      f"{host.inside('nft', 'list', 'table', 'inet', NAME).stdout}", flush=True)
+            return 1 if failed else 0
+        finally:
+            enforcer.stop()
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["proof"]:
+        sys.exit(__doc__)
+    sys.exit(proof())
