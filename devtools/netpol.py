@@ -228,6 +228,10 @@ def _results(cluster: Cluster, namespace: str, pod: str, since: float) -> collec
     return counts
 
 
+def _enforcer_log(enforcer: Enforcer, host: Host) -> str:
+    return enforcer.log(host).read_text(errors="replace")
+
+
 def proof(window: float = 8.0) -> int:
     """Two nodes; a server pod in np-server on each node, a client pod in np-client on node 1 that connects
     to both servers (one on its node, bridged; one across, routed) every second. Open, then default-deny
@@ -235,7 +239,10 @@ def proof(window: float = 8.0) -> int:
     expected."""
     probe = probe_image()
     with Cluster(2, images=[probe]) as cluster:
+        started = time.monotonic()
         enforcer = Enforcer(cluster).start()
+        print(f"cluster up in {cluster.startup_seconds:.1f} s; {NAME} loaded and bound on "
+              f"{len(cluster.hosts)} nodes {time.monotonic() - started:.1f} s later", flush=True)
         try:
             n1, n2 = cluster.names
             k = cluster.kubectl
@@ -268,11 +275,23 @@ def proof(window: float = 8.0) -> int:
                 ok = all(seen.get(f"{t} {expected[phase]}", 0) > 0 and
                          sum(v for key, v in seen.items() if key.startswith(t)) == seen[f"{t} {expected[phase]}"]
                          for t in targets)
+                # kubelet's probes come from the node's own processes (root: upstream's rules let them by).
+                ready = k("get", "pods", "-n", "np-server", "-o",
+                          "jsonpath={.items[*].status.conditions[?(@.type=='Ready')].status}").stdout.split()
+                ok = ok and ready == ["True", "True"]
                 failed += not ok
-                print(f"{phase}: {dict(seen)} -> {'as expected' if ok else 'NOT as expected'}", flush=True)
+                print(f"{phase}: {dict(seen)}, servers Ready {ready} -> {'as expected' if ok else 'NOT as expected'}",
+                      flush=True)
             for host in cluster.hosts:
-                print(f"--- {host.name}: {NAME}'s table\n"
-                      f"{host.inside('nft', 'list', 'table', 'inet', NAME).stdout}", flush=True)
+                verdicts = collections.Counter(
+                    line.rsplit("verdict=", 1)[1].strip().strip('"') for line in
+                    _enforcer_log(enforcer, host).splitlines() if "Finished syncing packet" in line)
+                # nft shows the xtables target as `queue num N`; its netlink debug names what the kernel holds.
+                kernel = [line.strip() for line in host.inside(
+                    "nft", "--debug=netlink", "list", "table", "inet", NAME).stdout.splitlines()
+                    if "target name" in line or "queue" in line and "[" in line]
+                print(f"--- {host.name}: verdicts {dict(verdicts)}; queue rules as the kernel holds them: "
+                      f"{collections.Counter(kernel)}", flush=True)
             return 1 if failed else 0
         finally:
             enforcer.stop()
