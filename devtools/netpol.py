@@ -15,10 +15,11 @@ of the node (as kubelet is) rather than a DaemonSet pod:
 - logged in as the user `hami-mt:kube-network-policies` (a client certificate, at the `kubernetes`
   Service's cluster IP, as kubelet is), with the rights of upstream's ClusterRole: read pods, namespaces,
   nodes and NetworkPolicies (`RBAC`);
-- with `--hostname-override` the node's name (it enforces for the pods of that node only),
-  `--disable-nri` (containerd 1.6 has no NRI; pod IPs then come from the API server, so a pod's first
-  packets before its IP is published are judged without it, as upstream documents), metrics on the
-  node's loopback only, and fail-closed (no `--fail-open`: with it stopped, queued packets are dropped).
+- with `--hostname-override` the node's name (it enforces for the pods of that node only), metrics on
+  the node's loopback only, and fail-closed (no `--fail-open`: with it stopped, or dead, queued packets are
+  dropped; its table stays until it is stopped by SIGTERM). Its NRI plugin finds no socket (containerd 1.6
+  has no NRI), so pod IPs come from the API server alone: a pod's first packets before its IP is
+  published are judged without it, as upstream documents.
 
 Its processes are in the node's network namespace, so they belong to the node (`Host.processes`): a
 `kill_node` kills them with the node and `Cluster.stop` stops them; `revive_node` and `restart_*` do not
@@ -136,7 +137,7 @@ class Enforcer:
         kubeconfig = pki.user_kubeconfig(self.cluster.workdir, cp._ca,
                                          f"https://{pki.SERVICE_IP}:{node.APISERVER_PORT}", USER)
         self._cmd = [str(binary()), f"--kubeconfig={kubeconfig}", f"--nfqueue-id={self.queue}",
-                     "--metrics-bind-address=127.0.0.1:9080", "--disable-nri", "--v=2",
+                     "--metrics-bind-address=127.0.0.1:9080", "--v=2",
                      *(["--fail-open"] if self.fail_open else [])]
         for host in self.cluster.hosts:
             self._start(host)
@@ -179,6 +180,13 @@ class Enforcer:
         self._start(host)
         self.wait(host)
 
+    def check(self) -> None:
+        """Raise if one has exited (it does not restart itself; its node then drops what it queues)."""
+        for host in self.cluster.hosts:
+            proc = self.procs[host.name]
+            if proc.poll() is not None:
+                raise NetpolError(f"{NAME} on {host.name} exited with {proc.returncode}:\n{tail(self.log(host))}")
+
     def stop(self) -> None:
         for proc in self.procs.values():
             terminate(proc, grace=10)
@@ -207,6 +215,30 @@ spec:
       podSelector: {matchLabels: {app: client}}
     ports: [{port: 8080, protocol: TCP}]
 """
+POLICY_FABRIC = """\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-fabric, namespace: np-server}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ipBlock: {cidr: FABRIC_IP/32}}]
+    ports: [{port: 8080, protocol: TCP}]
+""".replace("FABRIC_IP", node.FABRIC_IP)
+#: One connection from the fabric, where kube-apiserver runs (its calls to pods come from node.FABRIC_IP).
+FABRIC_DIAL = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 8080), timeout=0.8).recv(3)\n"
+               "    print('ok')\nexcept OSError as e:\n    print('fail', e)\n")
+
+
+def _fabric_dials(cluster: Cluster, ips: list[str], times: int = 4) -> collections.Counter[str]:
+    counts: collections.Counter[str] = collections.Counter()
+    for _ in range(times):
+        for ip in ips:
+            out = cluster.in_fabric("python3", "-c", FABRIC_DIAL, ip).stdout.strip()
+            counts[f"fabric->{ip} {out or '?'}"] += 1
+        time.sleep(0.2)
+    return counts
 
 
 def _pod(namespace: str, name: str, node_name: str, probe: str, args: list[str]) -> str:
@@ -235,8 +267,9 @@ def _enforcer_log(enforcer: Enforcer, host: Host) -> str:
 def proof(window: float = 8.0) -> int:
     """Two nodes; a server pod in np-server on each node, a client pod in np-client on node 1 that connects
     to both servers (one on its node, bridged; one across, routed) every second. Open, then default-deny
-    on np-server, then an allow for np-client's client. Prints what each phase saw; 0 when each is as
-    expected."""
+    on np-server, then an allow for np-client's client; then connections from the fabric (where
+    kube-apiserver runs), refused, then let in by an ipBlock for its address. Prints what each phase saw;
+    0 when each is as expected."""
     probe = probe_image()
     with Cluster(2, images=[probe]) as cluster:
         started = time.monotonic()
@@ -282,6 +315,21 @@ def proof(window: float = 8.0) -> int:
                 failed += not ok
                 print(f"{phase}: {dict(seen)}, servers Ready {ready} -> {'as expected' if ok else 'NOT as expected'}",
                       flush=True)
+            # What kube-apiserver's calls to a webhook's pods go through: from the fabric, routed by the nodes.
+            for phase, apply, want in (("fabric, before an ipBlock for it", None, "fail"),
+                                       (f"fabric, ipBlock {node.FABRIC_IP}/32", POLICY_FABRIC, "ok")):
+                if apply:
+                    k("apply", "-f", "-", input=apply)
+                    time.sleep(2)
+                seen = _fabric_dials(cluster, list(ips.values()))
+                ok = all(key.split()[1] == want for key in seen)
+                failed += not ok
+                print(f"{phase}: {dict(seen)} -> {'as expected' if ok else 'NOT as expected'}", flush=True)
+            try:
+                enforcer.check()
+            except NetpolError as e:
+                failed += 1
+                print(e, flush=True)
             for host in cluster.hosts:
                 verdicts = collections.Counter(
                     line.rsplit("verdict=", 1)[1].strip().strip('"') for line in

@@ -4,9 +4,14 @@
 // because upstream's main reads only the in-cluster configuration (a pod of a DaemonSet with a service
 // account), while a node of the tier runs it as a process in the node's network namespace, as it runs
 // kubelet: --kubeconfig here, and SIGTERM ends it as SIGINT does (upstream's main stops on SIGINT only,
-// and so would leave no grace for its own clean-up). --disable-nri is honoured (upstream v0.8.0 parses
-// it but never passes it on). The flags keep upstream's names and defaults otherwise; AdminNetworkPolicy
-// and BaselineAdminNetworkPolicy (alpha, off by default upstream) are left out.
+// and so would leave no grace for its own clean-up). The flags keep upstream's names and defaults otherwise,
+// but two: AdminNetworkPolicy and BaselineAdminNetworkPolicy (alpha, off by default upstream) are left out,
+// and so is --disable-nri, which upstream's main parses and never passes on: the NRI plugin is always made,
+// as upstream's main makes it. It must be: v0.8.0 without it dereferences a nil plugin, and dies, on the
+// first packet from or to an address that is no pod's (kube-apiserver calling a webhook, a node, anything
+// outside), since its pod lookup falls back to the plugin's table unchecked (getPodAssignedToIP). Where the
+// runtime has no NRI socket the plugin only logs "nri plugin exited" and its table stays empty; pod IPs
+// then come from the API server alone.
 //
 // Built by scripts/build-kube-network-policies.sh, with one file of github.com/google/nftables replaced
 // at build time (_nftables/expr/queue.go: why is said there).
@@ -43,7 +48,6 @@ var (
 	metricsBindAddress  string
 	hostnameOverride    string
 	netfilterBug1766Fix bool
-	disableNRI          bool
 )
 
 func init() {
@@ -53,7 +57,6 @@ func init() {
 	flag.StringVar(&metricsBindAddress, "metrics-bind-address", ":9080", "The IP address and port for the metrics server to serve on")
 	flag.StringVar(&hostnameOverride, "hostname-override", "", "If non-empty, will be used as the name of the Node that kube-network-policies is running on. If unset, the node name is assumed to be the same as the node's hostname.")
 	flag.BoolVar(&netfilterBug1766Fix, "netfilter-bug-1766-fix", true, "If set, process DNS packets on the PREROUTING hooks to avoid the race condition on the conntrack subsystem, not needed for kernels 6.12+ (see https://bugzilla.netfilter.org/show_bug.cgi?id=1766)")
-	flag.BoolVar(&disableNRI, "disable-nri", false, "If set, disable NRI, that is used to get the Pod IP information directly from the runtime to avoid the race explained in https://issues.k8s.io/85966")
 	flag.Usage = func() {
 		fmt.Fprint(os.Stderr, "Usage: kube-network-policies [options]\n\n")
 		flag.PrintDefaults()
@@ -95,7 +98,6 @@ func run() int {
 		QueueID:             queueID,
 		NodeName:            nodeName,
 		NetfilterBug1766Fix: netfilterBug1766Fix,
-		NRIdisabled:         disableNRI,
 	}
 
 	// An empty path and no master: the in-cluster configuration, as upstream's main.
