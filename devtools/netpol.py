@@ -25,7 +25,7 @@ Its processes are in the node's network namespace, so they belong to the node (`
 `kill_node` kills them with the node and `Cluster.stop` stops them; `revive_node` and `restart_*` do not
 start them again (`Enforcer.restart(host)` does).
 
-    python -m devtools.netpol proof     a 2-node cluster, the enforcer, and a policy checked both ways
+    python -m devtools.netpol proof     (make netpol-proof) a 2-node cluster, the enforcer, policies checked
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ from devtools.procs import spawn, tail, terminate
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-network-policies.sh"
 NAME = "kube-network-policies"
 USER = "hami-mt:kube-network-policies"
+#: How `Enforcer.wait` sees a node's table (it shows the xtables NFQUEUE target as `queue num N`).
+NFT = "/usr/sbin/nft"
 PROBE_SOURCE = REPO_ROOT / "controlplane" / "netprobe"
 #: Upstream's ClusterRole (install.yaml of v0.8.0), bound to our user.
 RBAC = f"""\
@@ -131,6 +133,8 @@ class Enforcer:
         self._cmd: list[str] = []
 
     def start(self, timeout: float = 60.0) -> Enforcer:
+        if not os.access(NFT, os.X_OK):
+            raise NetpolError(f"{NFT} is missing: `make netpol-tools` installs Debian's nftables")
         cp = self.cluster.controlplane
         self.cluster.kubectl("apply", "-f", "-", input=RBAC)
         assert cp._ca is not None
@@ -163,7 +167,7 @@ class Enforcer:
         while True:
             if proc.poll() is not None:
                 raise NetpolError(f"{NAME} on {host.name} exited with {proc.returncode}:\n{tail(self.log(host))}")
-            table = host.inside("nft", "list", "table", "inet", NAME, check=False).returncode == 0
+            table = host.inside(NFT, "list", "table", "inet", NAME, check=False).returncode == 0
             queues = host.inside("cat", "/proc/net/netfilter/nfnetlink_queue", check=False).stdout.split()
             if table and queues[:1] == [str(self.queue)]:
                 return
@@ -336,7 +340,7 @@ def proof(window: float = 8.0) -> int:
                     _enforcer_log(enforcer, host).splitlines() if "Finished syncing packet" in line)
                 # nft shows the xtables target as `queue num N`; its netlink debug names what the kernel holds.
                 kernel = [line.strip() for line in host.inside(
-                    "nft", "--debug=netlink", "list", "table", "inet", NAME).stdout.splitlines()
+                    NFT, "--debug=netlink", "list", "table", "inet", NAME).stdout.splitlines()
                     if "target name" in line or "queue" in line and "[" in line]
                 print(f"--- {host.name}: verdicts {dict(verdicts)}; queue rules as the kernel holds them: "
                       f"{collections.Counter(kernel)}", flush=True)
