@@ -11,7 +11,8 @@ of the node (as kubelet is) rather than a DaemonSet pod:
   node's pods passes through that namespace: routed to the fabric and the other nodes, or bridged on
   `hmw0` between pods of the same node, which the IP hooks see because br_netfilter is in the kernel and
   `bridge-nf-call-iptables` is 1 (set here, per namespace). New connections from or to a pod of the
-  node go to nfqueue 100, where it gives its verdict from the NetworkPolicies it watches;
+  node that a NetworkPolicy selects (a set of their IPs, kept in step with pods and policies) go to
+  nfqueue 100, where it gives its verdict from the NetworkPolicies it watches; others pass unjudged;
 - logged in as the user `hami-mt:kube-network-policies` (a client certificate, at the `kubernetes`
   Service's cluster IP, as kubelet is), with the rights of upstream's ClusterRole: read pods, namespaces,
   nodes and NetworkPolicies (`RBAC`);
