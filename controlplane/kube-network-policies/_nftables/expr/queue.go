@@ -13,9 +13,10 @@
 // limitations under the License.
 
 // This file replaces expr/queue.go of github.com/google/nftables v0.3.0 when
-// scripts/build-kube-network-policies.sh builds kube-network-policies (go build -overlay; the directory's
-// leading underscore keeps the go command from seeing it otherwise). One change: Queue is sent to the kernel
-// as the xtables NFQUEUE target through nft_compat instead of nftables' own queue expression.
+// scripts/build-kube-network-policies.sh builds kube-network-policies (copied over that file in a vendored
+// copy of the module; the directory's leading underscore keeps the go command from seeing it here). One
+// change: Queue is sent to the kernel as the xtables NFQUEUE target through nft_compat instead of
+// nftables' own queue expression.
 //
 // Why: kube-network-policies sends packets to its nfqueue with expr.Queue (three places in v0.8.0), which
 // needs the kernel's nft_queue (CONFIG_NFT_QUEUE). Kernels built without it refuse every rule that holds
