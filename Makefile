@@ -5,7 +5,8 @@ PYTHON ?= python3
 comma := ,
 
 .PHONY: setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
-	image-tools node-tools controlplane controlplane-floor certs clean
+	image-tools node-tools controlplane controlplane-floor certs clean \
+	kube-network-policies netpol-tools netpol-proof
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -210,6 +211,18 @@ cert-manager:  ## build cert-manager's commands (cached outside the tree; prints
 test-certmanager: setup controlplane node-tools cert-manager  ## cert-manager's renewals under traffic on a real node (root)
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q -m certmanager
+
+# kube-network-policies v0.8.0 (the NetworkPolicy implementation kind uses) built from its Go module into a
+# versioned cache (scripts/build-kube-network-policies.sh), run on every node of the node tier by
+# devtools/netpol.py; nftables (Debian's nft) is how it checks that each node's table is loaded.
+kube-network-policies:  ## build kube-network-policies (cached outside the tree; prints where)
+	@scripts/build-kube-network-policies.sh >&2
+
+netpol-tools:  ## nftables' nft (Debian package; installed when root with apt-get)
+	$(call apt_packages,nftables:/usr/sbin/nft,Debian package; devtools/netpol.py needs it and root)
+
+netpol-proof: setup controlplane node-tools netpol-tools kube-network-policies  ## figures, not a test: NetworkPolicies enforced on two real nodes (root)
+	$(PY) -m devtools.netpol proof
 
 RENEWALS_ARGS ?=
 
