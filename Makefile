@@ -120,11 +120,11 @@ test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet 
 # The fault tier: three real nodes, a replica or its node broken under slice-pod traffic (root; tests/faults).
 # Like the node tier it runs only when its marker is named: here, and in `make test` on the newest Kubernetes;
 # the floor has a target of its own (its figures are in docs/PERFORMANCE.md).
-test-faults: setup controlplane node-tools  ## faults counted at 20 slice pods/s on three real nodes (KUBE_VERSION as above)
+test-faults: setup controlplane node-tools netpol-tools kube-network-policies  ## faults counted at 20 slice pods/s on three real nodes (KUBE_VERSION as above)
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q -m faults
 
-test-faults-floor: setup controlplane-floor node-tools  ## the same on the oldest Kubernetes the chart accepts
+test-faults-floor: setup controlplane-floor node-tools netpol-tools kube-network-policies  ## the same on the oldest Kubernetes the chart accepts
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m faults
 
@@ -161,7 +161,7 @@ lock:  ## regenerate requirements/image.lock after a change of pyproject.toml's 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
-test: lint controlplane controlplane-floor prometheus node-tools release-test-tools release-tools cert-manager  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers on the newest
+test: lint controlplane controlplane-floor prometheus node-tools netpol-tools kube-network-policies release-test-tools release-tools cert-manager  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers on the newest
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
