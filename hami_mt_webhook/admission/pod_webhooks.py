@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..rules import owned
 from ..rules import pods as rules
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
@@ -24,6 +25,8 @@ Handler = Callable[[dict[str, Any], ClusterView, Config], Decision]
 
 #: The pod subresource `kubectl debug` writes to; reviewed on UPDATE by validate-pods.
 EPHEMERAL = "ephemeralcontainers"
+#: The status subresource can change a pod's annotations too (§4.6).
+STATUS = "status"
 
 
 def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> Decision:
@@ -47,14 +50,25 @@ def mutate_pods(request: dict[str, Any], view: ClusterView, config: Config) -> D
 
 
 def validate_pods(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
-    """validate-pods: the final pod on CREATE, and new ephemeral containers on UPDATE of
-    pods/ephemeralcontainers (`kubectl debug`), which only the privilege rule judges (SPEC.md §4.3)."""
-    if request.get("operation") == "UPDATE" and request.get("subResource") == EPHEMERAL:
+    """validate-pods: the final pod on CREATE; on UPDATE of a pod or its status, who changed an owned
+    annotation (SPEC.md §4.6: the guard's webhook, where no policy holds it); and new ephemeral containers
+    on UPDATE of pods/ephemeralcontainers (`kubectl debug`), which only the privilege rule judges (§4.3)."""
+    subresource = request.get("subResource") or ""
+    if request.get("operation") == "UPDATE" and subresource in ("", STATUS, EPHEMERAL) and _is_pod(request):
         obj = request.get("object")
         if obj is None:
             return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
+        user = (request.get("userInfo") or {}).get("username")
+        guarded = owned.updated(request.get("oldObject"), obj, user, config)
+        if not guarded.allowed or subresource != EPHEMERAL:
+            return guarded
         return rules.ephemeral(obj, request.get("oldObject"), config)
     return decide(request, rules.validate, view, config)
+
+
+def _is_pod(request: dict[str, Any]) -> bool:
+    kind = request.get("kind")
+    return not isinstance(kind, dict) or kind.get("kind") in (None, "Pod")
 
 
 def join(mutated: Decision, checked: Decision) -> Decision:

@@ -23,7 +23,7 @@ import yaml
 from devtools import manifests, monitoring
 from devtools.controlplane import ControlPlane, binaries
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
-from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
+from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
 from hami_mt_webhook.service.peerview import CONDITION
 
@@ -176,10 +176,10 @@ def test_a_rename_reaches_every_derived_field() -> None:
                     "--set", "resourceNames.wholeCard={example.com/MTT-S4000,example.com/MTT-S5000-80G}",
                     "--set", "schedulerName=my-hami", "--set", "memoryPerCard={96,160}")
     text = yaml.safe_dump_all(docs)
-    # fixed names (hami-scheduler's annotations, the record's, failover's readiness gate), and the node labels
-    # that mark GPU nodes, which a resource rename does not change
+    # fixed names (hami-scheduler's annotations and service accounts, the record's, failover's readiness
+    # gate), and the node labels that mark GPU nodes, which a resource rename does not change
     gpu_labels = yaml.safe_load((CHART / "values.yaml").read_text())["avoidGpuNodes"]["labelKeys"]
-    for fixed in (*BIND_ANNOTATIONS, RECORD, CONDITION, *gpu_labels):
+    for fixed in (*BIND_ANNOTATIONS, *ANNOTATION_OWNERS, RECORD, CONDITION, *gpu_labels):
         text = text.replace(fixed, "")
     assert "mthreads.com/" not in text and "hami-scheduler" not in text
     literal = "['example.com/vgpu', 'example.com/mem', 'example.com/core']"
