@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -161,6 +162,49 @@ def test_template_matches_kustomize_field_by_field(rendered: list[Doc]) -> None:
         assert differences(other, doc) == [], f"{doc['kind']} {doc['metadata']['name']}"
     # The labels Helm adds are all that was set aside.
     assert all(set(d["metadata"]["labels"]) - set(HELM_LABELS) == {"app.kubernetes.io/name"} for d in rendered)
+
+
+def test_the_guard_as_a_webhook_matches_the_kustomize_component_field_by_field(tmp_path: Path) -> None:
+    """annotationGuard.enforcer=webhook renders what components/guard-webhook makes of the base (SPEC 4.6)."""
+    docs = template("--set", "annotationGuard.enforcer=webhook")
+    ca_pem = base64.b64decode(find(docs, "Secret", SECRET)["data"]["ca.crt"])
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../base/components/guard-webhook]\n")
+    out = subprocess.run([str(binaries() / "kubectl"), "kustomize", str(tmp_path / "overlay")], check=True,
+                         capture_output=True, text=True).stdout
+    base = [d for d in manifests.with_ca_bundle([d for d in yaml.safe_load_all(out) if d], ca_pem)
+            if d["kind"] != "Namespace"]
+    chart = [without_helm_labels(d) for d in docs if d["kind"] != "Secret"]
+    assert kinds(chart) == kinds(base)
+    assert ("ValidatingWebhookConfiguration", "hami-mt-annotation-guard") in kinds(chart)
+    assert not any(k == "ValidatingAdmissionPolicy" and n.startswith("hami-mt-annotation") for k, n in kinds(chart))
+    for doc in base:
+        assert differences(find(chart, doc["kind"], doc["metadata"]["name"]), doc) == [], doc["metadata"]["name"]
+
+
+def test_the_guards_values_reach_the_server_the_policy_and_the_record() -> None:
+    docs = template("--set", "annotationGuard.owners.namespace=hami", "--set", "annotationGuard.owners.users={root}",
+                    "--set", "annotationGuard.annotations={example.com/bound}")
+    owners = "system:serviceaccount:hami:hami-scheduler,system:serviceaccount:hami:hami-device-plugin,root"
+    args = find(docs, "Deployment", "hami-mt-webhook")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--annotation-owners") + 1] == owners
+    assert args[args.index("--owned-annotations") + 1] == "example.com/bound"
+    policy = find(docs, "ValidatingAdmissionPolicy", "hami-mt-annotation-guard")["spec"]
+    text = json.dumps(policy)
+    assert "['system:serviceaccount:hami:hami-scheduler', 'system:serviceaccount:hami:hami-device-plugin', 'root']" \
+        in " ".join(c["expression"] for c in policy["matchConditions"])
+    assert "kube-system" not in text and "bind-phase" not in text and "['example.com/bound']" in text
+    (changed,) = [c["expression"] for w in find(docs, *CONFIGS[1])["webhooks"] for c in w["matchConditions"]
+                  if c["name"] == "changed-after-mutation"]
+    assert "['example.com/bound'].map(a," in changed
+    # No owners: no one may change them, and the message says so.
+    none = template("--set", "annotationGuard.owners.serviceAccounts=null")
+    message = find(none, "ValidatingAdmissionPolicy", "hami-mt-annotation-guard")["spec"]["validations"][0]
+    assert "no one may add, change or remove it" in message["messageExpression"]
+    bad = helm("template", RELEASE, str(CHART), "--set", "annotationGuard.enforcer=both", check=False)
+    assert bad.returncode != 0 and "annotationGuard" in bad.stderr
 
 
 def test_one_certificate_is_rendered_for_every_configuration(rendered: list[Doc]) -> None:

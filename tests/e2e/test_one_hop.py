@@ -161,10 +161,6 @@ FIELDS = {
     "privileged": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
                    [{"op": "add", "path": "/spec/containers/0/securityContext", "value": {"privileged": True}}],
                    "is privileged"),
-    **{f"bind-annotation-{i}": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
-                                [{"op": "add", "path": f"/metadata/annotations/{a.replace('/', '~1')}", "value": "x"}],
-                                f"annotation {a} is written by")
-       for i, a in enumerate(BIND_ANNOTATIONS)},
 }  # fmt: skip
 
 
@@ -204,6 +200,18 @@ def test_a_change_after_ours_that_the_backstop_denies(controlplane, webhook, ns,
     patch, denial = BACKSTOPPED[case]
     r = apply(controlplane, ns, meddled(f"backstopped-{case}", {VGPU: 1, MEMORY: 32, CORE: 8}, patch=patch))
     assert r.returncode != 0 and "ValidatingAdmissionPolicy 'hami-mt-backstop'" in r.stderr and denial in r.stderr
+
+
+@pytest.mark.parametrize("annotation", BIND_ANNOTATIONS)
+def test_an_owned_annotation_added_after_ours_is_denied_by_the_guard(controlplane, webhook, ns, later, annotation):
+    """SPEC 4.6: the annotation guard policy runs before the validating webhook, which is then not called."""
+    patch = [{"op": "add", "path": f"/metadata/annotations/{annotation.replace('/', '~1')}", "value": "x"}]
+    before = validations(webhook)
+    r = apply(controlplane, ns, meddled(f"guarded-{BIND_ANNOTATIONS.index(annotation)}", {VGPU: 1, MEMORY: 32, CORE: 8},
+                                        patch=patch))
+    assert r.returncode != 0 and "ValidatingAdmissionPolicy 'hami-mt-annotation-guard'" in r.stderr, r.stderr
+    assert f"annotation {annotation} is written by" in r.stderr
+    assert validations(webhook) == before
 
 
 # --- a hand-written record -----------------------------------------------------------------------------------
