@@ -31,10 +31,7 @@ STATUS = "status"
 
 def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> Decision:
     """A pod rule on a request; CREATE of a Pod is all the pod rules look at."""
-    if request.get("operation") != "CREATE":
-        return Decision()
-    kind = request.get("kind")
-    if isinstance(kind, dict) and kind.get("kind") not in (None, "Pod"):
+    if request.get("operation") != "CREATE" or not _is_pod(request):
         return Decision()
     if request.get("subResource"):
         return Decision()
@@ -58,7 +55,8 @@ def validate_pods(request: dict[str, Any], view: ClusterView, config: Config) ->
         obj = request.get("object")
         if obj is None:
             return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
-        user = (request.get("userInfo") or {}).get("username")
+        info = request.get("userInfo")
+        user = info.get("username") if isinstance(info, dict) else None
         guarded = owned.updated(request.get("oldObject"), obj, user, config)
         if not guarded.allowed or subresource != EPHEMERAL:
             return guarded

@@ -74,6 +74,13 @@ def test_the_owners_may_change_them() -> None:
         assert answer(update(old, new, user=owner, subresource="status"))["allowed"] is True
 
 
+def test_a_review_without_a_username_is_no_owners() -> None:
+    body = update(running(), running(**{PHASE: "x"}))
+    for info in (None, "alice", {"groups": ["system:masters"]}):
+        body["request"]["userInfo"] = info
+        assert answer(body)["status"]["code"] == 403
+
+
 def test_configured_owners_replace_the_defaults() -> None:
     config = Config(annotation_owners=("system:serviceaccount:hami:hami-scheduler",))
     old, new = running(), running(**{PHASE: "success"})

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests
+from devtools import hami, manifests
 from devtools.controlplane import ControlPlane
 from devtools.local import LocalWebhook
 from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
@@ -131,6 +131,17 @@ def test_the_policy_guards_owned_annotations(controlplane, webhook, policy_ns) -
     before = metric(webhook, "hami_mt_webhook_reviews_total")
     exercise(controlplane, policy_ns, BY_POLICY)
     assert metric(webhook, "hami_mt_webhook_reviews_total") == before  # kube-apiserver judged every one
+
+
+def test_the_identity_the_hami_tier_runs_hami_scheduler_as_may_write_them(controlplane, webhook, policy_ns,
+                                                                          tmp_path) -> None:
+    """tests/hami runs HAMi's scheduler with `hami.login`'s kubeconfig: its bind patches must pass the guard."""
+    assert apply(controlplane, policy_ns, pod("bound")).returncode == 0
+    kubeconfig = hami.login(controlplane, tmp_path / "kubeconfig")
+    edits = [f"{a}=by-hami" for a in BIND_ANNOTATIONS]
+    r = controlplane.kubectl("annotate", "pod", "-n", policy_ns, "bound", *edits, kubeconfig=kubeconfig, check=False)
+    assert r.returncode == 0, r.stderr
+    assert set(BIND_ANNOTATIONS) <= set(stored(controlplane, policy_ns, "bound")["metadata"]["annotations"])
 
 
 @pytest.fixture(scope="module")

@@ -237,7 +237,8 @@ def admitted_spec(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Records a pod's author might write: one that matches the pod as written, one for what it would become.
-FORGERIES = ["v1||00000||:1/1,20/20,-/-", "v1||00000||:1/1,32/32,-/-", "v1||00000||:-/-,-/-,-/-", "anything"]
+FORGERIES = ["v1||000000000||:1/1,20/20,-/-", "v1||000000000||:1/1,32/32,-/-", "v1||000000000||:-/-,-/-,-/-",
+             "anything"]
 CASES = {
     "mutated": lambda name: pod(name, {VGPU: 1, MEMORY: 20}, nodeSelector=ON_S4000),
     "ignore-label-off-tier": lambda name: pod(name, {VGPU: 1, MEMORY: 20}, labels={"hami.io/webhook": "ignore"},
@@ -342,7 +343,7 @@ def test_a_policy_changing_slice_memory_is_checked(controlplane, webhook, ns, po
     obj = stored(controlplane, ns, "map-memory")
     limits, requests = resources(obj)
     assert limits[MEMORY] == requests[MEMORY] == "32"
-    assert obj["metadata"]["annotations"][RECORD] == "v1||00000||:1/1,32/32,8/8"
+    assert obj["metadata"]["annotations"][RECORD] == "v1||000000000||:1/1,32/32,8/8"
     assert validations(webhook) == before
 
 
