@@ -326,7 +326,7 @@ def test_cert_manager_component_files() -> None:
     kustomization = yaml.safe_load((root / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Component"
     targets = [(p["target"]["kind"], p["target"]["name"]) for p in kustomization["patches"]]
-    assert sorted(targets) == sorted(CONFIGS)
+    assert sorted(targets) == sorted([*CONFIGS, ("ValidatingWebhookConfiguration", GUARD)])
     objs = [d for r in kustomization["resources"] for d in yaml.safe_load_all((root / r).read_text()) if d]
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in objs}
     cert = by_name["Certificate", NAME]
@@ -352,6 +352,13 @@ def test_cert_manager_component_renders_with_the_base(tmp_path: Path) -> None:
     certificates = {c["metadata"]["name"]: c for c in rendered if c["kind"] == "Certificate"}
     assert certificates[NAME]["spec"]["secretName"] == "hami-mt-webhook-tls"
     assert certificates[f"{NAME}-root"]["spec"]["isCA"] is True
+
+
+@needs_kubectl
+def test_cert_manager_component_injects_the_ca_into_the_guard_webhook_listed_before_it(tmp_path: Path) -> None:
+    rendered = with_components(tmp_path, "guard-webhook", "cert-manager")
+    guard = configuration(rendered, "ValidatingWebhookConfiguration", GUARD)
+    assert guard["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NS}/{NAME}"
 
 
 # --- network-policy component ---------------------------------------------------------------------------
