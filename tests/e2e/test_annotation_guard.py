@@ -22,7 +22,7 @@ from .support import apply, exists, metric, pod, stored, wait_for
 #: The six a tenant could write before (issue 45): the device list, the card, the node and the bind state.
 TRIED = ("hami.io/mthreads-vgpu-devices-to-allocate", "mthreads.com/gpu-index", "mthreads.com/predicate-node",
          "hami.io/vgpu-node", "hami.io/bind-phase", "hami.io/bind-time")
-POLICY_NS, WEBHOOK_NS = "e2e-guard-policy", "e2e-guard-webhook"
+POLICY_NS, WEBHOOK_NS, WARN_NS = "e2e-guard-policy", "e2e-guard-webhook", "e2e-guard-warn"
 GUARD = "hami-mt-annotation-guard"
 TENANT = "tenant"
 SCHEDULER = ANNOTATION_OWNERS[0]  # system:serviceaccount:kube-system:hami-scheduler
@@ -131,6 +131,17 @@ def test_the_policy_guards_owned_annotations(controlplane, webhook, policy_ns) -
     before = metric(webhook, "hami_mt_webhook_reviews_total")
     exercise(controlplane, policy_ns, BY_POLICY)
     assert metric(webhook, "hami_mt_webhook_reviews_total") == before  # kube-apiserver judged every one
+
+
+def test_rollout_mode_warns_instead(controlplane, webhook) -> None:
+    """SPEC 4.10: in a namespace labelled hami.io/enforcement: warn the guard's second binding warns and audits."""
+    prepare(controlplane, WARN_NS)
+    controlplane.kubectl("label", "namespace", WARN_NS, "hami.io/enforcement=warn")
+    assert apply(controlplane, WARN_NS, pod("plain"), f"--as={tenant(WARN_NS)}").returncode == 0
+    said = f"binding '{GUARD}-warn': annotation hami.io/bind-phase is written by hami-scheduler"
+    wait_for("the warn binding to answer", lambda: said in annotate(
+        controlplane, WARN_NS, "plain", "hami.io/bind-phase=success", user=tenant(WARN_NS)).stderr)
+    assert stored(controlplane, WARN_NS, "plain")["metadata"]["annotations"]["hami.io/bind-phase"] == "success"
 
 
 def test_the_identity_the_hami_tier_runs_hami_scheduler_as_may_write_them(controlplane, webhook, policy_ns,
