@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from devtools import controllers
 from devtools.procs import free_ports
+from hami_mt_webhook.rules.config import HAMI_NAMESPACE, HAMI_SERVICE_ACCOUNTS
 
 if TYPE_CHECKING:
     from devtools.controlplane import ControlPlane
@@ -137,8 +138,10 @@ class SchedulerExtender:
     `ControlPlane(controllers=True, extender=SchedulerExtender(binary))` calls it once the API server is up.
 
     It serves plain HTTP on a free loopback port (HAMi's chart uses TLS only for its webhook), reads the
-    Moore Threads section of its device configuration, logs in with the admin kubeconfig (it patches pods
-    and binds them) and has no leader election, as with one replica.
+    Moore Threads section of its device configuration, logs in as its own service account,
+    kube-system/hami-scheduler as HAMi's chart names it (bound to cluster-admin here: it patches pods and
+    binds them; the annotation guard lets only that identity write its annotations, SPEC 4.6) and has no
+    leader election, as with one replica.
     """
 
     binary: Path
@@ -158,7 +161,7 @@ class SchedulerExtender:
                          f"--scheduler-name={controllers.SCHEDULER_NAME}",  # the source of its events
                          f"--device-config-file={config}", f"--metrics-bind-address=127.0.0.1:{metrics}",
                          "--leader-elect=false", f"--v={self.verbosity}"],
-                        self.log, env={"KUBECONFIG": str(cp.kubeconfig)})
+                        self.log, env={"KUBECONFIG": str(login(cp, d / "kubeconfig"))})
         self.url, self.metrics_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics}/metrics"
         cp.wait_ready("hami-scheduler", proc, self.log, f"{self.url}/healthz")
         return self.url
@@ -169,6 +172,22 @@ class SchedulerExtender:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with opener.open(self.metrics_url, timeout=10) as answer:
             return registered_cards(answer.read().decode())
+
+
+def login(cp: ControlPlane, path: Path) -> Path:
+    """A kubeconfig for HAMi's scheduler service account, made with cluster-admin rights, written to `path`."""
+    name = HAMI_SERVICE_ACCOUNTS[0]
+    cp.kubectl("create", "serviceaccount", name, "-n", HAMI_NAMESPACE)
+    cp.kubectl("create", "clusterrolebinding", f"{name}-e2e", "--clusterrole=cluster-admin",
+               f"--serviceaccount={HAMI_NAMESPACE}:{name}")
+    token = cp.kubectl("create", "token", name, "-n", HAMI_NAMESPACE, "--duration=24h").stdout.strip()
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": name,
+        "clusters": [{"name": "local", "cluster": {"server": cp.server, "certificate-authority": str(cp.ca_file)}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": name, "context": {"cluster": "local", "user": name}}]}))
+    path.chmod(0o600)
+    return path
 
 
 def registered_cards(metrics: str) -> Counter[str]:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from ..rules import owned
 from ..rules import pods as rules
 from ..rules.capacity import ClusterView
 from ..rules.config import Config
@@ -24,14 +25,13 @@ Handler = Callable[[dict[str, Any], ClusterView, Config], Decision]
 
 #: The pod subresource `kubectl debug` writes to; reviewed on UPDATE by validate-pods.
 EPHEMERAL = "ephemeralcontainers"
+#: The status subresource can change a pod's annotations too (§4.6).
+STATUS = "status"
 
 
 def decide(request: dict[str, Any], rule: Rule, view: ClusterView, config: Config) -> Decision:
     """A pod rule on a request; CREATE of a Pod is all the pod rules look at."""
-    if request.get("operation") != "CREATE":
-        return Decision()
-    kind = request.get("kind")
-    if isinstance(kind, dict) and kind.get("kind") not in (None, "Pod"):
+    if request.get("operation") != "CREATE" or not _is_pod(request):
         return Decision()
     if request.get("subResource"):
         return Decision()
@@ -47,14 +47,26 @@ def mutate_pods(request: dict[str, Any], view: ClusterView, config: Config) -> D
 
 
 def validate_pods(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
-    """validate-pods: the final pod on CREATE, and new ephemeral containers on UPDATE of
-    pods/ephemeralcontainers (`kubectl debug`), which only the privilege rule judges (SPEC.md §4.3)."""
-    if request.get("operation") == "UPDATE" and request.get("subResource") == EPHEMERAL:
+    """validate-pods: the final pod on CREATE; on UPDATE of a pod or its status, who changed an owned
+    annotation (SPEC.md §4.6: the guard's webhook, where no policy holds it); and new ephemeral containers
+    on UPDATE of pods/ephemeralcontainers (`kubectl debug`), which only the privilege rule judges (§4.3)."""
+    subresource = request.get("subResource") or ""
+    if request.get("operation") == "UPDATE" and subresource in ("", STATUS, EPHEMERAL) and _is_pod(request):
         obj = request.get("object")
         if obj is None:
             return Decision.deny("the AdmissionReview request has no object", "malformed", 400)
+        info = request.get("userInfo")
+        user = info.get("username") if isinstance(info, dict) else None
+        guarded = owned.updated(request.get("oldObject"), obj, user, config)
+        if not guarded.allowed or subresource != EPHEMERAL:
+            return guarded
         return rules.ephemeral(obj, request.get("oldObject"), config)
     return decide(request, rules.validate, view, config)
+
+
+def _is_pod(request: dict[str, Any]) -> bool:
+    kind = request.get("kind")
+    return not isinstance(kind, dict) or kind.get("kind") in (None, "Pod")
 
 
 def join(mutated: Decision, checked: Decision) -> Decision:

@@ -96,6 +96,12 @@ RULES = (
     _rule("--sliced-node-taint", "sliced_node_taint",
           "opt-in: the taint that keeps whole-card pods off sliced nodes, as kubectl taint "
           "writes it (key[=value]:effect); slice pods get a toleration for it"),
+    _rule("--owned-annotations", "bind_annotations",
+          "comma-separated annotations hami-scheduler and the device plugins own: denied on a new "
+          "pod, and on UPDATE by anyone but --annotation-owners"),
+    _rule("--annotation-owners", "annotation_owners",
+          "comma-separated usernames that may change the owned annotations on UPDATE "
+          "(system:serviceaccount:<namespace>:<name> for a service account)"),
     _rule("--enforcement", "enforcement",
           "deny, or warn for a gradual rollout: every denial of the rules becomes a warning "
           "'would deny: ...', counted in hami_mt_webhook_would_deny_total; a namespace labelled "
@@ -217,7 +223,7 @@ def from_values(values: Mapping[str, object], environ: Mapping[str, str] | None 
             merged[name], source[name] = environ[setting.env], setting.env
     kwargs: dict[str, Any] = {}
     for name, text in merged.items():
-        if name in ("whole_card", "retired_schedulers"):
+        if name in ("whole_card", "retired_schedulers", "bind_annotations", "annotation_owners"):
             kwargs[name] = parse_list(text)
         elif name == "memory_per_card":
             kwargs[name] = parse_capacities(text, source[name])

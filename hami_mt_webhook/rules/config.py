@@ -4,16 +4,35 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["CARD_SIZES", "CORES_PER_CARD", "Config", "ENFORCEMENTS"]
+__all__ = ["ANNOTATION_OWNERS", "BIND_ANNOTATIONS", "CARD_SIZES", "CORES_PER_CARD", "Config", "ENFORCEMENTS",
+           "HAMI_NAMESPACE", "HAMI_SERVICE_ACCOUNTS", "service_accounts"]
 
-#: Annotations hami-scheduler writes when it binds a pod; a pod must not arrive carrying them.
+#: Annotations hami-scheduler and the device plugins own, written when a pod is bound and its cards handed
+#: out: no pod may arrive carrying them, and only their owners may change them (SPEC.md §4.6).
 BIND_ANNOTATIONS = (
     "hami.io/mthreads-vgpu-devices-to-allocate",
     "hami.io/mthreads-vgpu-devices-allocated",
     "mthreads.com/gpu-index",
     "mthreads.com/predicate-node",
     "mthreads.com/predicate-time",
+    "hami.io/vgpu-node",
+    "hami.io/vgpu-time",
+    "hami.io/bind-phase",
+    "hami.io/bind-time",
 )
+
+#: HAMi's own chart installs into kube-system, with these service accounts (release name `hami`).
+HAMI_NAMESPACE = "kube-system"
+HAMI_SERVICE_ACCOUNTS = ("hami-scheduler", "hami-device-plugin")
+
+
+def service_accounts(namespace: str, names: tuple[str, ...]) -> tuple[str, ...]:
+    """The usernames kube-apiserver gives service accounts: system:serviceaccount:<ns>:<name>."""
+    return tuple(f"system:serviceaccount:{namespace}:{n}" for n in names)
+
+
+#: Who may add, change or remove an owned annotation on UPDATE (§4.6).
+ANNOTATION_OWNERS = service_accounts(HAMI_NAMESPACE, HAMI_SERVICE_ACCOUNTS)
 
 #: sgpu-core units in one card.
 CORES_PER_CARD = 16
@@ -37,6 +56,8 @@ class Config:
     memory_per_card: tuple[int, ...] = (96,)
     gpu_num_annotation: str = "mthreads.com/request-gpu-num"
     bind_annotations: tuple[str, ...] = field(default=BIND_ANNOTATIONS)
+    #: Usernames that may change bind_annotations on UPDATE (hami-scheduler's, the device plugins').
+    annotation_owners: tuple[str, ...] = field(default=ANNOTATION_OWNERS)
     #: Schedulers switched off (the vendor's, after migration): slice pods naming one go to scheduler_name.
     retired_schedulers: tuple[str, ...] = ()
     #: Opt-in: the taint on sliced nodes, as (key, value, effect); slice pods get a toleration for it.

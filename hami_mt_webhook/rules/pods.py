@@ -18,6 +18,7 @@ from .config import Config
 from .decision import Decision, Denied, Patch
 from .fill import Fill, fill, same
 from .onecard import one_card
+from .owned import created
 from .record import RECORD, record
 from .shape import containers, privileged
 from .slots import (
@@ -55,6 +56,8 @@ def mutate(pod: Any, view: ClusterView, config: Config) -> Decision:
         found = slots(pod, config)
         mixing(found, config)
         plan = _plan(pod, found, view, config)
+        if not plan.fills:
+            created(pod, config)  # §4.6 holds for every pod; _plan checked HAMi's
     except Denied as denial:
         return denial.decision(pod)
     if not plan.fills:
@@ -88,11 +91,13 @@ def validate(pod: Any, view: ClusterView, config: Config) -> Decision:
         found = slots(pod, config)
         mixing(found, config)
         if not any(s.asks for s in found):
+            created(pod, config)  # §4.6 holds for every pod (the guard's webhook sends any that carries one)
             return Decision(object=pod)
         scheduler = pod["spec"].get("schedulerName") or ""
         if scheduler in ("", DEFAULT_SCHEDULER):
             unmutated(pod, found, scheduler, config)
         if scheduler != config.scheduler_name:
+            created(pod, config)
             return Decision(object=pod)
         plan = _plan(pod, found, view, config)
     except Denied as denial:

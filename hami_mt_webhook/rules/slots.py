@@ -12,6 +12,7 @@ from typing import Any
 
 from .config import Config
 from .decision import Denied
+from .owned import created
 from .shape import GROUPS, PARTS, named, privileged, sidecar
 from .text import clip, quote
 
@@ -134,12 +135,7 @@ def pod_checks(pod: dict[str, Any], slots: list[Slot], config: Config) -> None:
         if privileged(spec[slot.group][slot.index]):
             raise Denied(f"{slot.label} is privileged, and a privileged container sees every card, so the "
                          "pod cannot take sGPU slices; remove securityContext.privileged", "privileged")
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    if isinstance(annotations, dict):
-        found = [a for a in config.bind_annotations if a in annotations]
-        if found:
-            raise Denied(f"annotation {found[0]} is written by {config.scheduler_name} when it binds the pod "
-                         "and must not be set on a new pod; remove it", "bind-annotation")
+    created(pod, config)
 
 
 def unmutated(pod: dict[str, Any], slots: list[Slot], scheduler: str, config: Config) -> None:

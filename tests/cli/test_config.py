@@ -34,7 +34,8 @@ RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
     "--core-resource": "core", "--whole-card-resources": "whole_card", "--memory-per-card": "memory_per_card",
     "--retired-schedulers": "retired_schedulers", "--sliced-node-taint": "sliced_node_taint",
-    "--enforcement": "enforcement",
+    "--enforcement": "enforcement", "--owned-annotations": "bind_annotations",
+    "--annotation-owners": "annotation_owners",
 }
 RULE_ENV = {flag: next(env for env, name in config.ENV.items() if name == dest) for flag, dest in RULE_FLAGS.items()}
 
@@ -47,6 +48,14 @@ def clean_env(monkeypatch):
 
 
 # --- from_values ---------------------------------------------------------------------------------------------------
+
+def test_owned_annotations_and_their_owners_are_lists():
+    got = config.from_values({**NONE, "annotation_owners": "system:serviceaccount:hami:hami-scheduler, admin"},
+                             environ={"HAMI_MT_OWNED_ANNOTATIONS": "a/x,b/y"})
+    assert got.annotation_owners == ("system:serviceaccount:hami:hami-scheduler", "admin")
+    assert got.bind_annotations == ("a/x", "b/y")
+    assert config.from_values({**NONE, "annotation_owners": ""}, environ={}).annotation_owners == ()
+
 
 def test_defaults():
     assert config.from_values(NONE, environ={}) == Config()

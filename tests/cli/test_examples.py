@@ -69,7 +69,7 @@ def test_examples_cover_every_rule() -> None:
         "label skips the mutation only",  # a pod's own ignore label (4.8)
         "is a byte size",  # quantities
         "differ; set them to the same value",  # limits != requests
-        "written by hami-scheduler when it binds",  # bind-time annotations
+        "and the device plugins when the pod is bound and must not be set on a new pod",  # owned annotations
         "(whole cards, outside HAMi)",  # mixing
         '"kind":"Deployment"',  # a Deployment
         '"kind":"CronJob"',  # a CronJob

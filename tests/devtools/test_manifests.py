@@ -29,6 +29,8 @@ def test_load_follows_the_kustomization_resources_in_order(docs: list[dict[str, 
         "PodDisruptionBudget", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
         "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicyBinding",
+        # the annotation guard (SPEC 4.6): a policy and its two bindings
+        "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "ValidatingAdmissionPolicyBinding",
     ])  # fmt: skip
 
 

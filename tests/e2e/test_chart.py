@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ import yaml
 from devtools import manifests, monitoring
 from devtools.controlplane import ControlPlane, binaries
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
-from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
+from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
 from hami_mt_webhook.service.peerview import CONDITION
 
@@ -163,6 +164,49 @@ def test_template_matches_kustomize_field_by_field(rendered: list[Doc]) -> None:
     assert all(set(d["metadata"]["labels"]) - set(HELM_LABELS) == {"app.kubernetes.io/name"} for d in rendered)
 
 
+def test_the_guard_as_a_webhook_matches_the_kustomize_component_field_by_field(tmp_path: Path) -> None:
+    """annotationGuard.enforcer=webhook renders what components/guard-webhook makes of the base (SPEC 4.6)."""
+    docs = template("--set", "annotationGuard.enforcer=webhook")
+    ca_pem = base64.b64decode(find(docs, "Secret", SECRET)["data"]["ca.crt"])
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(
+        "resources: [../base]\ncomponents: [../base/components/guard-webhook]\n")
+    out = subprocess.run([str(binaries() / "kubectl"), "kustomize", str(tmp_path / "overlay")], check=True,
+                         capture_output=True, text=True).stdout
+    base = [d for d in manifests.with_ca_bundle([d for d in yaml.safe_load_all(out) if d], ca_pem)
+            if d["kind"] != "Namespace"]
+    chart = [without_helm_labels(d) for d in docs if d["kind"] != "Secret"]
+    assert kinds(chart) == kinds(base)
+    assert ("ValidatingWebhookConfiguration", "hami-mt-annotation-guard") in kinds(chart)
+    assert not any(k == "ValidatingAdmissionPolicy" and n.startswith("hami-mt-annotation") for k, n in kinds(chart))
+    for doc in base:
+        assert differences(find(chart, doc["kind"], doc["metadata"]["name"]), doc) == [], doc["metadata"]["name"]
+
+
+def test_the_guards_values_reach_the_server_the_policy_and_the_record() -> None:
+    docs = template("--set", "annotationGuard.owners.namespace=hami", "--set", "annotationGuard.owners.users={root}",
+                    "--set", "annotationGuard.annotations={example.com/bound}")
+    owners = "system:serviceaccount:hami:hami-scheduler,system:serviceaccount:hami:hami-device-plugin,root"
+    args = find(docs, "Deployment", "hami-mt-webhook")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert args[args.index("--annotation-owners") + 1] == owners
+    assert args[args.index("--owned-annotations") + 1] == "example.com/bound"
+    policy = find(docs, "ValidatingAdmissionPolicy", "hami-mt-annotation-guard")["spec"]
+    text = json.dumps(policy)
+    assert "['system:serviceaccount:hami:hami-scheduler', 'system:serviceaccount:hami:hami-device-plugin', 'root']" \
+        in " ".join(c["expression"] for c in policy["matchConditions"])
+    assert "kube-system" not in text and "bind-phase" not in text and "['example.com/bound']" in text
+    (changed,) = [c["expression"] for w in find(docs, *CONFIGS[1])["webhooks"] for c in w["matchConditions"]
+                  if c["name"] == "changed-after-mutation"]
+    assert "['example.com/bound'].map(a," in changed
+    # No owners: no one may change them, and the message says so.
+    none = template("--set", "annotationGuard.owners.serviceAccounts=null")
+    message = find(none, "ValidatingAdmissionPolicy", "hami-mt-annotation-guard")["spec"]["validations"][0]
+    assert "no one may add, change or remove it" in message["messageExpression"]
+    bad = helm("template", RELEASE, str(CHART), "--set", "annotationGuard.enforcer=both", check=False)
+    assert bad.returncode != 0 and "annotationGuard" in bad.stderr
+
+
 def test_one_certificate_is_rendered_for_every_configuration(rendered: list[Doc]) -> None:
     ca = find(rendered, "Secret", SECRET)["data"]["ca.crt"]
     bundles = {w["clientConfig"]["caBundle"] for kind, name in CONFIGS for w in find(rendered, kind, name)["webhooks"]}
@@ -176,10 +220,10 @@ def test_a_rename_reaches_every_derived_field() -> None:
                     "--set", "resourceNames.wholeCard={example.com/MTT-S4000,example.com/MTT-S5000-80G}",
                     "--set", "schedulerName=my-hami", "--set", "memoryPerCard={96,160}")
     text = yaml.safe_dump_all(docs)
-    # fixed names (hami-scheduler's annotations, the record's, failover's readiness gate), and the node labels
-    # that mark GPU nodes, which a resource rename does not change
+    # fixed names (hami-scheduler's annotations and service accounts, the record's, failover's readiness
+    # gate), and the node labels that mark GPU nodes, which a resource rename does not change
     gpu_labels = yaml.safe_load((CHART / "values.yaml").read_text())["avoidGpuNodes"]["labelKeys"]
-    for fixed in (*BIND_ANNOTATIONS, RECORD, CONDITION, *gpu_labels):
+    for fixed in (*BIND_ANNOTATIONS, *ANNOTATION_OWNERS, RECORD, CONDITION, *gpu_labels):
         text = text.replace(fixed, "")
     assert "mthreads.com/" not in text and "hami-scheduler" not in text
     literal = "['example.com/vgpu', 'example.com/mem', 'example.com/core']"

@@ -161,10 +161,6 @@ FIELDS = {
     "privileged": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
                    [{"op": "add", "path": "/spec/containers/0/securityContext", "value": {"privileged": True}}],
                    "is privileged"),
-    **{f"bind-annotation-{i}": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
-                                [{"op": "add", "path": f"/metadata/annotations/{a.replace('/', '~1')}", "value": "x"}],
-                                f"annotation {a} is written by")
-       for i, a in enumerate(BIND_ANNOTATIONS)},
 }  # fmt: skip
 
 
@@ -206,6 +202,18 @@ def test_a_change_after_ours_that_the_backstop_denies(controlplane, webhook, ns,
     assert r.returncode != 0 and "ValidatingAdmissionPolicy 'hami-mt-backstop'" in r.stderr and denial in r.stderr
 
 
+@pytest.mark.parametrize("annotation", BIND_ANNOTATIONS)
+def test_an_owned_annotation_added_after_ours_is_denied_by_the_guard(controlplane, webhook, ns, later, annotation):
+    """SPEC 4.6: the annotation guard policy runs before the validating webhook, which is then not called."""
+    patch = [{"op": "add", "path": f"/metadata/annotations/{annotation.replace('/', '~1')}", "value": "x"}]
+    before = validations(webhook)
+    r = apply(controlplane, ns, meddled(f"guarded-{BIND_ANNOTATIONS.index(annotation)}", {VGPU: 1, MEMORY: 32, CORE: 8},
+                                        patch=patch))
+    assert r.returncode != 0 and "ValidatingAdmissionPolicy 'hami-mt-annotation-guard'" in r.stderr, r.stderr
+    assert f"annotation {annotation} is written by" in r.stderr
+    assert validations(webhook) == before
+
+
 # --- a hand-written record -----------------------------------------------------------------------------------
 
 
@@ -229,7 +237,8 @@ def admitted_spec(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 #: Records a pod's author might write: one that matches the pod as written, one for what it would become.
-FORGERIES = ["v1||00000||:1/1,20/20,-/-", "v1||00000||:1/1,32/32,-/-", "v1||00000||:-/-,-/-,-/-", "anything"]
+FORGERIES = ["v1||000000000||:1/1,20/20,-/-", "v1||000000000||:1/1,32/32,-/-", "v1||000000000||:-/-,-/-,-/-",
+             "anything"]
 CASES = {
     "mutated": lambda name: pod(name, {VGPU: 1, MEMORY: 20}, nodeSelector=ON_S4000),
     "ignore-label-off-tier": lambda name: pod(name, {VGPU: 1, MEMORY: 20}, labels={"hami.io/webhook": "ignore"},
@@ -334,7 +343,7 @@ def test_a_policy_changing_slice_memory_is_checked(controlplane, webhook, ns, po
     obj = stored(controlplane, ns, "map-memory")
     limits, requests = resources(obj)
     assert limits[MEMORY] == requests[MEMORY] == "32"
-    assert obj["metadata"]["annotations"][RECORD] == "v1||00000||:1/1,32/32,8/8"
+    assert obj["metadata"]["annotations"][RECORD] == "v1||000000000||:1/1,32/32,8/8"
     assert validations(webhook) == before
 
 

@@ -50,7 +50,7 @@ def backstop_off(controlplane, ns):
     """Without the backstop binding, so what the validating webhook denies is seen from the webhook itself."""
     # the binding that denies (the other binds namespaces in rollout mode, SPEC 4.10)
     (binding,) = [d for d in manifests.load() if d["kind"] == "ValidatingAdmissionPolicyBinding"
-                  and d["spec"]["validationActions"] == ["Deny"]]
+                  and d["spec"]["policyName"] == "hami-mt-backstop" and d["spec"]["validationActions"] == ["Deny"]]
     probe = pod("probe", {VGPU: 1}, labels=IGNORE)
 
     def backstop_answers() -> bool:

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools import manifests
+
 NS = "hami-mt-webhook"
 NAME = "hami-mt-webhook"
 SLICES = ("mthreads.com/vgpu", "mthreads.com/sgpu-memory", "mthreads.com/sgpu-core")
@@ -20,6 +22,9 @@ HOOKS = {
     "ValidatingWebhookConfiguration": ("validate.hami-mt.mthreads.com", "/validate-pods"),
 }
 WORKLOADS = "hami-mt-webhook-workloads"
+BACKSTOP = "hami-mt-backstop"
+#: SPEC 4.6: the annotation guard, a policy in the base (components/guard-webhook: a webhook).
+GUARD = "hami-mt-annotation-guard"
 WARN = "hami-mt-webhook-warn"
 TRAINING = ("validate-training.hami-mt.mthreads.com", "/validate-workloads")
 #: Every webhook configuration, (kind, metadata.name) -> [(webhook name, handler path), ...].
@@ -57,11 +62,21 @@ def kustomize(path: Path) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all(out) if d]
 
 
+def with_components(tmp_path: Path, *components: str) -> list[dict[str, Any]]:
+    """`kubectl kustomize` of an overlay of the base with `components` (names under manifests/components)."""
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    listed = ", ".join(f"../base/components/{c}" for c in components)
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(f"resources: [../base]\ncomponents: [{listed}]\n")
+    return kustomize(tmp_path / "overlay")
+
+
 def match_condition(docs: list[dict[str, Any]]) -> str:
     """The one matchConditions expression; the two webhooks and the backstop must share it."""
     texts = {c["expression"] for d in docs if d["kind"] in HOOKS and d["metadata"]["name"] == NAME
              for w in d["webhooks"] for c in w["matchConditions"] if c["name"] == "names-slice-resource"}
-    texts |= {c["expression"] for c in one(docs, "ValidatingAdmissionPolicy")["spec"]["matchConditions"]}
+    backstop = configuration(docs, "ValidatingAdmissionPolicy", BACKSTOP)
+    texts |= {c["expression"] for c in backstop["spec"]["matchConditions"]}
     assert len(texts) == 1, texts
     return texts.pop()
 

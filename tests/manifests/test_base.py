@@ -3,7 +3,6 @@ components render with it, and its generated parts are what their generators wri
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,11 @@ from devtools import manifests
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.rules import templates
+from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
 from tests.manifests.support import (
+    BACKSTOP,
     CONFIGS,
+    GUARD,
     HOOKS,
     NAME,
     NS,
@@ -25,10 +27,10 @@ from tests.manifests.support import (
     WHOLE,
     WORKLOADS,
     configuration,
-    kustomize,
     match_condition,
     needs_kubectl,
     one,
+    with_components,
     workload_condition,
 )
 
@@ -148,7 +150,7 @@ def test_workload_webhook_configuration(docs: list[dict[str, Any]]) -> None:
 
 
 def test_backstop_policy_and_binding(docs: list[dict[str, Any]]) -> None:
-    policy = one(docs, "ValidatingAdmissionPolicy")
+    policy = configuration(docs, "ValidatingAdmissionPolicy", BACKSTOP)
     assert policy["apiVersion"] == "admissionregistration.k8s.io/v1"
     assert policy["metadata"]["name"] == "hami-mt-backstop"
     spec = policy["spec"]
@@ -161,7 +163,7 @@ def test_backstop_policy_and_binding(docs: list[dict[str, Any]]) -> None:
     assert "'default-scheduler'" in spec["validations"][1]["expression"]
     assert all(f"'{name}'" in yaml.safe_dump(spec["variables"]) for name in (*SLICES, WHOLE))
     bindings = {d["metadata"]["name"]: d["spec"] for d in docs
-                if d["kind"] == "ValidatingAdmissionPolicyBinding"}
+                if d["kind"] == "ValidatingAdmissionPolicyBinding" and d["spec"]["policyName"] == BACKSTOP}
     # SPEC 4.10: the backstop follows the mode; namespaces in rollout mode get warnings and audit annotations.
     assert bindings == {
         "hami-mt-backstop": {
@@ -269,6 +271,8 @@ def test_deployment_container(docs: list[dict[str, Any]]) -> None:
         "--scheduler-name", "hami-scheduler", "--vgpu-resource", "mthreads.com/vgpu",
         "--memory-resource", "mthreads.com/sgpu-memory", "--core-resource", "mthreads.com/sgpu-core",
         "--whole-card-resources", "mthreads.com/gpu", "--memory-per-card", "96",
+        # the server's own defaults, written out as the guard's CEL writes them (SPEC 4.6)
+        "--owned-annotations", ",".join(BIND_ANNOTATIONS), "--annotation-owners", ",".join(ANNOTATION_OWNERS),
         "--peer-selector", "app.kubernetes.io/name=hami-mt-webhook", "--peer-interval", "0.1",
         "--peer-timeout", "0.5", "--peer-silent-after", "0.75", "--peer-recover-after", "1",
     ]  # fmt: skip
@@ -322,7 +326,7 @@ def test_cert_manager_component_files() -> None:
     kustomization = yaml.safe_load((root / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Component"
     targets = [(p["target"]["kind"], p["target"]["name"]) for p in kustomization["patches"]]
-    assert sorted(targets) == sorted(CONFIGS)
+    assert sorted(targets) == sorted([*CONFIGS, ("ValidatingWebhookConfiguration", GUARD)])
     objs = [d for r in kustomization["resources"] for d in yaml.safe_load_all((root / r).read_text()) if d]
     by_name = {(o["kind"], o["metadata"]["name"]): o for o in objs}
     cert = by_name["Certificate", NAME]
@@ -341,18 +345,20 @@ def test_cert_manager_component_files() -> None:
 
 @needs_kubectl
 def test_cert_manager_component_renders_with_the_base(tmp_path: Path) -> None:
-    shutil.copytree(manifests.base_dir(), tmp_path / "base")
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        "resources: [../base]\ncomponents: [../base/components/cert-manager]\n"
-    )
-    rendered = kustomize(tmp_path / "overlay")
+    rendered = with_components(tmp_path, "cert-manager")
     for kind, name in CONFIGS:
         annotations = configuration(rendered, kind, name)["metadata"]["annotations"]
         assert annotations["cert-manager.io/inject-ca-from"] == f"{NS}/{NAME}"
     certificates = {c["metadata"]["name"]: c for c in rendered if c["kind"] == "Certificate"}
     assert certificates[NAME]["spec"]["secretName"] == "hami-mt-webhook-tls"
     assert certificates[f"{NAME}-root"]["spec"]["isCA"] is True
+
+
+@needs_kubectl
+def test_cert_manager_component_injects_the_ca_into_the_guard_webhook_listed_before_it(tmp_path: Path) -> None:
+    rendered = with_components(tmp_path, "guard-webhook", "cert-manager")
+    guard = configuration(rendered, "ValidatingWebhookConfiguration", GUARD)
+    assert guard["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NS}/{NAME}"
 
 
 # --- network-policy component ---------------------------------------------------------------------------
@@ -390,12 +396,7 @@ def test_the_base_ships_no_network_policy() -> None:
 
 @needs_kubectl
 def test_network_policy_component_renders_with_the_base(tmp_path: Path) -> None:
-    shutil.copytree(manifests.base_dir(), tmp_path / "base")
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        "resources: [../base]\ncomponents: [../base/components/network-policy]\n"
-    )
-    rendered = kustomize(tmp_path / "overlay")
+    rendered = with_components(tmp_path, "network-policy")
     assert sorted(d["metadata"]["name"] for d in rendered if d["kind"] == "NetworkPolicy") == [
         "hami-mt-webhook-admission", "hami-mt-webhook-observability", "hami-mt-webhook-peers"]
 
@@ -432,12 +433,7 @@ def test_the_monitoring_components_service_monitor_finds_the_base_service_and_it
 
 @needs_kubectl
 def test_monitoring_component_renders_with_the_base(tmp_path: Path) -> None:
-    shutil.copytree(manifests.base_dir(), tmp_path / "base")
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        "resources: [../base]\ncomponents: [../base/components/monitoring]\n"
-    )
-    rendered = kustomize(tmp_path / "overlay")
+    rendered = with_components(tmp_path, "monitoring")
     added = {(d["kind"], d["metadata"]["name"]) for d in rendered} - {
         (d["kind"], d["metadata"]["name"]) for d in manifests.load()}
     assert added == {("ServiceMonitor", NAME), ("PrometheusRule", NAME), ("ConfigMap", "hami-mt-webhook-dashboard")}
@@ -474,14 +470,10 @@ def test_training_condition_is_generated_from_the_kinds_table(docs) -> None:
 
 @needs_kubectl
 def test_warn_component_renders_cluster_wide_rollout_mode(tmp_path: Path) -> None:
-    shutil.copytree(manifests.base_dir(), tmp_path / "base")
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        "resources: [../base]\ncomponents: [../base/components/warn]\n")
-    rendered = kustomize(tmp_path / "overlay")
+    rendered = with_components(tmp_path, "warn")
     (container,) = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
     assert container["command"][-2:] == ["--enforcement", "warn"]
     assert cli.build_parser().parse_args(container["command"][1:]).enforcement == "warn"
     bindings = {d["metadata"]["name"]: d["spec"]["validationActions"] for d in rendered
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert bindings == {"hami-mt-backstop": ["Warn", "Audit"], "hami-mt-backstop-warn": ["Warn", "Audit"]}
+    assert bindings == {name: ["Warn", "Audit"] for name in (BACKSTOP, f"{BACKSTOP}-warn", GUARD, f"{GUARD}-warn")}

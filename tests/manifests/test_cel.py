@@ -13,7 +13,7 @@ import yaml
 
 from devtools import manifests
 from hami_mt_webhook.rules import templates
-from tests.manifests.support import SLICES, WHOLE, match_condition, one, workload_condition
+from tests.manifests.support import BACKSTOP, SLICES, WHOLE, configuration, match_condition, workload_condition
 
 BUILTIN = sorted(k.kind for k in templates.KINDS if k.builtin)
 
@@ -237,7 +237,7 @@ def backstop(docs: list[dict[str, Any]], cel: Any, obj: dict[str, Any]) -> list[
     Returns the messages of the failed validations (empty: admitted). Variables are evaluated eagerly,
     which is stricter than Kubernetes' lazy evaluation.
     """
-    spec = one(docs, "ValidatingAdmissionPolicy")["spec"]
+    spec = configuration(docs, "ValidatingAdmissionPolicy", BACKSTOP)["spec"]
     if not all(cel.evaluate(c["expression"], {"object": obj}) for c in spec["matchConditions"]):
         return []
     variables: dict[str, Any] = {}

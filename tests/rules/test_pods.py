@@ -351,7 +351,7 @@ def test_a_pod_in_admitted_form_gets_its_record_and_nothing_else():
     """A pod written exactly as the webhook leaves it, but without the record (or with a hand-written one)."""
     done = admitted(pod(ctr("c", {V: "1", M: "32", K: "8"}))).object
     assert admitted(done).patch == []  # SPEC 4.7
-    for value in (None, "v1||00000||:1/1,20/20,-/-"):
+    for value in (None, "v1||000000000||:1/1,20/20,-/-"):
         again = copy.deepcopy(done)
         if value is None:
             del again["metadata"]["annotations"][RECORD]

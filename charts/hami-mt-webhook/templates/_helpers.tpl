@@ -238,8 +238,7 @@ request.operation != 'CREATE' ||
 object.metadata.labels['hami.io/webhook'] == 'ignore') ||
 object.metadata.annotations['hami-mt.mthreads.com/admitted'] != 'v1|' +
 (has(object.spec.nodeName) && object.spec.nodeName != '' ? 'N' : '') + '|' +
-['hami.io/mthreads-vgpu-devices-to-allocate', 'hami.io/mthreads-vgpu-devices-allocated',
-'mthreads.com/gpu-index', 'mthreads.com/predicate-node', 'mthreads.com/predicate-time'].map(a,
+{{ include "hmw.ownedList" . }}.map(a,
 a in object.metadata.annotations ? '1' : '0').join('') + '|' +
 [has(object.spec.initContainers) ? object.spec.initContainers : [], object.spec.containers].map(g,
 g.map(c,
@@ -253,6 +252,44 @@ g.map(c,
 '/' +
 (has(c.resources) && has(c.resources.requests) && r in c.resources.requests ?
 c.resources.requests[r] : '-')).join(',')).join('+')).join('|')
+{{- end -}}
+
+{{/* The owned annotations (SPEC 4.6) as a CEL list literal, and the owners' usernames as JSON. */}}
+{{- define "hmw.ownedList" -}}
+{{- $items := list -}}
+{{- range .Values.annotationGuard.annotations }}{{ $items = append $items (include "hmw.celString" .) }}{{ end -}}
+[{{ join ", " $items }}]
+{{- end -}}
+
+{{- define "hmw.annotationOwners" -}}
+{{- $o := .Values.annotationGuard.owners -}}
+{{- $out := list -}}
+{{- range $o.serviceAccounts }}{{ $out = append $out (printf "system:serviceaccount:%s:%s" $o.namespace .) }}{{ end -}}
+{{- concat $out ($o.users | default list) | toJson -}}
+{{- end -}}
+
+{{/* The guard's matchConditions, shared by its policy and its webhook registrations (SPEC 4.6). */}}
+{{- define "hmw.guardConditions" -}}
+{{- $owners := list -}}
+{{- range (include "hmw.annotationOwners" . | fromJsonArray) }}{{ $owners = append $owners (include "hmw.celString" .) }}{{ end -}}
+# Only requests that add, change or remove an owned annotation: kubelet's status updates never match.
+- name: changes-owned-annotation
+  expression: >-
+    {{- include "hmw.ownedChanged" (dict "root" . "verb" "exists") | nindent 4 }}
+# The owners may change them on UPDATE; no one may create a pod carrying one.
+- name: not-an-owner
+  expression: >-
+    request.operation == 'CREATE' || !(request.userInfo.username in
+    [{{ join ", " $owners }}])
+{{- end -}}
+
+{{/* The owned annotations that differ between oldObject and object; call with (dict "root" $ "verb" "exists"). */}}
+{{- define "hmw.ownedChanged" -}}
+{{ include "hmw.ownedList" .root }}.{{ .verb }}(a,
+(has(object.metadata.annotations) && a in object.metadata.annotations ?
+[object.metadata.annotations[a]] : []) !=
+(request.operation == 'UPDATE' && has(oldObject.metadata.annotations) &&
+a in oldObject.metadata.annotations ? [oldObject.metadata.annotations[a]] : []))
 {{- end -}}
 
 {{/* The selector every placement rule counts replicas by: the Deployment's own. */}}
