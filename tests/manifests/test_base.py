@@ -403,12 +403,8 @@ def test_network_policy_component_renders_with_the_base(tmp_path: Path) -> None:
 
 @needs_kubectl
 def test_the_egress_component_renders_beside_the_ingress_one(tmp_path: Path) -> None:
-    shutil.copytree(manifests.base_dir(), tmp_path / "base")
-    (tmp_path / "overlay").mkdir()
-    (tmp_path / "overlay" / "kustomization.yaml").write_text(
-        "resources: [../base]\n"
-        "components: [../base/components/network-policy, ../base/components/network-policy-egress]\n")
-    rendered = {d["metadata"]["name"]: d for d in kustomize(tmp_path / "overlay") if d["kind"] == "NetworkPolicy"}
+    rendered = {d["metadata"]["name"]: d for d in with_components(tmp_path, "network-policy", "network-policy-egress")
+                if d["kind"] == "NetworkPolicy"}
     assert sorted(rendered) == ["hami-mt-webhook-admission", "hami-mt-webhook-egress", "hami-mt-webhook-observability",
                                 "hami-mt-webhook-peers"]
     egress = rendered["hami-mt-webhook-egress"]["spec"]
