@@ -109,8 +109,12 @@ class Flood:
         """Open the connections (at most 200 connecting at once), then keep them until `stop` is set."""
         gate = asyncio.Semaphore(200)
         tasks = [asyncio.create_task(self._slot(stop, gate)) for _ in range(self.count)]
+        started = time.monotonic()
         while self.opened < self.count and not stop.is_set():
             await asyncio.sleep(0.05)
+            if time.monotonic() - started >= 5:  # progress, on stderr (the log), while it builds up slowly
+                print(orjson.dumps(self.stats()).decode(), file=sys.stderr, flush=True)
+                started = time.monotonic()
         if held is not None:
             held.set()
         await stop.wait()

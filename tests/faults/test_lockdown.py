@@ -103,7 +103,7 @@ def test_a_flood_from_one_pod_to_every_port_leaves_a_replica_serving(
     before = cluster.pod_memory(NS)[name]
     prefix = in_pod(cluster, "lockdown-flood", attacker)
     flooders = [attacks.Flooder(kind, count, port, tmp_path / f"{kind}.log", prefix=prefix, host=ip)
-                for kind, count, port in FLOODS]
+                for kind, port, count in FLOODS]
     peak, unready = before, set()
     try:
         assert all(f.wait_holding(180) for f in flooders), [f.proc.poll() for f in flooders]
