@@ -6,6 +6,10 @@ kube-scheduler fits sgpu-memory and sgpu-core against a node's totals before it 
 configures it, so a full node is refused in kube-scheduler's words; HAMi's own reason is seen when the totals
 have room but no single card does. Every pod labelled `expect=bound` had a node that could hold it: the last
 test checks none of them was ever refused.
+
+The annotation guard (SPEC 4.6, the base's ValidatingAdmissionPolicy) is on before the first pod: every
+annotation HAMi writes at filter and bind passes it as kube-system/hami-scheduler, and a tenant's edit of one
+is refused.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ import pytest
 
 from devtools import cluster, hami
 from devtools.controlplane import ControlPlane
-from tests.e2e.support import CORE, MEMORY, VGPU, apply, pod, stored, until
+from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
+from tests.e2e.support import CORE, MEMORY, VGPU, apply, pod, stored, until, wait_for
+from tests.e2e.test_annotation_guard import BY_POLICY, annotate, carrying, prepare, refused, tenant
 
 from .conftest import start_webhook
 
@@ -37,6 +43,9 @@ ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
 HAMI_REASON = re.compile(r"\b\d+/\d+ [A-Z][A-Za-z]+\b|node unregistered|node usage unavailable")
 #: Events a refused pod gets: kube-scheduler's, and HAMi's own at filter and bind.
 REFUSALS = ("FailedScheduling", "FilteringFailed", "BindingFailed")
+#: The owned annotations HAMi writes on a Moore Threads pod: all but the to-allocate list, at filter (the
+#: node, the cards, their indexes and the times) and at bind (the phase, `allocating`, and its time).
+WRITTEN = tuple(a for a in BIND_ANNOTATIONS if a != "hami.io/mthreads-vgpu-devices-to-allocate")
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +55,13 @@ def webhook(controlplane: ControlPlane):
 
 @pytest.fixture(scope="module")
 def cp(controlplane: ControlPlane, webhook, extender: hami.SchedulerExtender) -> ControlPlane:
-    """The control plane once HAMi has registered every card of the module's nodes, with its namespace."""
+    """The control plane once HAMi has registered every card of the module's nodes, with its namespace (and
+    a tenant there that may patch pods) and the annotation guard loaded."""
     wanted = {name: model.cards for name, model in MODELS.items()}
     until(f"HAMi's scheduler registering {wanted}", lambda: extender.cards() == wanted)
-    controlplane.kubectl("create", "namespace", NS)
+    prepare(controlplane, NS)
+    wait_for("the annotation guard to be loaded",
+             lambda: BY_POLICY in apply(controlplane, NS, carrying("probe"), "--dry-run=server").stderr)
     return controlplane
 
 
@@ -176,9 +188,25 @@ def test_room_in_the_node_s_totals_but_on_no_card_is_refused_in_hami_s_words(cp)
     assert not stored(cp, NS, "split-whole")["spec"].get("nodeName")
 
 
+def test_hami_s_own_annotations_pass_the_guard_and_a_tenant_s_edit_of_one_is_refused(cp):
+    create(cp, "guarded", {VGPU: 1, MEMORY: 32, CORE: 4}, on=SHARED)
+    (p,) = bound(cp, "guarded")  # HAMi patches the pod at bind before it binds it
+    written = {a: v for a, v in p["metadata"]["annotations"].items() if a in BIND_ANNOTATIONS}
+    assert set(written) == set(WRITTEN), written
+    assert written["hami.io/vgpu-node"] == written["mthreads.com/predicate-node"] == SHARED
+    assert written["hami.io/bind-phase"] == "allocating"  # "success" is the device plugin's, on a real node
+    for annotation in WRITTEN:
+        message = refused(annotate(cp, NS, "guarded", f"{annotation}=by-tenant", user=tenant(NS)), BY_POLICY)
+        assert message.startswith(f"annotation {annotation} is written by hami-scheduler"), message
+    refused(annotate(cp, NS, "guarded", "hami.io/bind-phase-", user=tenant(NS)), BY_POLICY)
+    assert annotate(cp, NS, "guarded", "team=a", user=tenant(NS)).returncode == 0  # its rights are not the reason
+    assert {a: v for a, v in stored(cp, NS, "guarded")["metadata"]["annotations"].items()
+            if a in BIND_ANNOTATIONS} == written
+
+
 def test_no_pod_the_webhook_admitted_was_refused_while_its_node_could_hold_it(cp):
     pods = json.loads(cp.kubectl("get", "pods", "-n", NS, "-l", f"{EXPECT}=bound", "-o", "json").stdout)["items"]
-    assert len(pods) == 8 + 3 + 1 + 1 + 3
+    assert len(pods) == 8 + 3 + 1 + 1 + 3 + 1
     for p in pods:
         name = p["metadata"]["name"]
         assert p["spec"].get("nodeName"), name
