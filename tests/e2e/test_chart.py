@@ -8,6 +8,7 @@ the chart's webhook configurations pointed at a webhook running as a local proce
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
@@ -24,8 +25,12 @@ import yaml
 from devtools import manifests, monitoring
 from devtools.controlplane import ControlPlane, binaries
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from hami_mt_webhook.admission import chart
+from hami_mt_webhook.cli import main as cli
+from hami_mt_webhook.cli import settings
 from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
+from hami_mt_webhook.service.listener import Limits
 from hami_mt_webhook.service.peerview import CONDITION
 
 from .support import pod
@@ -647,3 +652,198 @@ class TestLifecycle:
         spec = json.loads(created.stdout)["spec"]
         assert spec["schedulerName"] == "default-scheduler"
         assert spec["containers"][0]["resources"]["limits"] == {"mthreads.com/vgpu": "1"}
+
+
+# --- serve's settings ---------------------------------------------------------------------------------------
+
+#: For each flag a chart value sets (hami_mt_webhook/admission/chart.py): the value as `--set` writes it, and the
+#: flag's argument it renders. Each differs from the default, so a value that rendered nothing would fail.
+SETTINGS: dict[str, tuple[str, str]] = {
+    "--client-ca": ("clientCA.secret=apiserver-client-ca", "/client-ca/ca.crt"),
+    "--reload-interval": ("certificate.reloadInterval=2.5", "2.5"),
+    "--max-connections": ("listener.maxConnections=2048", "2048"),
+    "--handshake-timeout": ("listener.handshakeTimeout=2", "2"),
+    "--idle-timeout": ("listener.idleTimeout=30", "30"),
+    "--request-timeout": ("listener.requestTimeout=20", "20"),
+    "--write-timeout": ("listener.writeTimeout=0.5", "0.5"),
+    "--metrics-port": ("metrics.port=9100", "9100"),
+    "--node-watch": ("nodeWatch.mode=list", "list"),
+    "--node-selector": ("nodeWatch.selector=mthreads.com/gpu-node", "mthreads.com/gpu-node"),
+    "--peer-interval": ("failover.interval=0.2", "0.2"),
+    "--peer-timeout": ("failover.timeout=0.4", "0.4"),
+    "--peer-silent-after": ("failover.silentAfter=1.5", "1.5"),
+    "--peer-recover-after": ("failover.recoverAfter=2", "2"),
+    "--log-level": ("logging.level=debug", "debug"),
+    "--log-format": ("logging.format=plain", "plain"),
+    "--scheduler-name": ("schedulerName=hami-scheduler-2", "hami-scheduler-2"),
+    "--vgpu-resource": ("resourceNames.vgpu=example.com/vgpu", "example.com/vgpu"),
+    "--memory-resource": ("resourceNames.memory=example.com/sgpu-memory", "example.com/sgpu-memory"),
+    "--core-resource": ("resourceNames.core=example.com/sgpu-core", "example.com/sgpu-core"),
+    "--whole-card-resources": ("resourceNames.wholeCard={example.com/MTT-S5000-80G}", "example.com/MTT-S5000-80G"),
+    "--memory-per-card": ("memoryPerCard={96,160}", "96,160"),
+    "--retired-schedulers": ("retiredSchedulers={mt-gpu-scheduler,mt-gpushare-scheduler}",
+                             "mt-gpu-scheduler,mt-gpushare-scheduler"),
+    "--sliced-node-taint": ("slicedNodeTaint=example.com/sliced=true:NoSchedule", "example.com/sliced=true:NoSchedule"),
+    "--owned-annotations": ("annotationGuard.annotations={hami.io/vgpu-node}", "hami.io/vgpu-node"),
+    "--annotation-owners": ("annotationGuard.owners.namespace=hami",
+                            "system:serviceaccount:hami:hami-scheduler,system:serviceaccount:hami:hami-device-plugin"),
+    "--enforcement": ("enforcement=warn", "warn"),
+}
+SERVE_FLAGS = sorted(setting.flag for setting in (*settings.SERVE, *settings.RULES))
+
+
+def container_of(docs: list[Doc]) -> Doc:
+    (container,) = find(docs, "Deployment", "hami-mt-webhook")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def argument(command: list[str], flag: str) -> str | None:
+    """What `command` gives `flag` (its last occurrence, as argparse takes it); None when absent."""
+    found = [command[i + 1] for i, arg in enumerate(command[:-1]) if arg == flag]
+    return found[-1] if found else None
+
+
+@pytest.mark.parametrize("flag", SERVE_FLAGS)
+def test_every_serve_flag_is_set_by_a_chart_value_or_fixed_by_the_chart(flag: str) -> None:
+    """Walks `serve`'s flags: each is either set by the value chart.VALUES names (rendered here with that value
+    set) or on chart.FIXED with the reason the chart fixes it, so no flag can again be out of the chart's reach."""
+    assert (flag in chart.VALUES) != (flag in chart.FIXED), \
+        f"{flag}: no chart value sets it, and chart.FIXED does not say why the chart fixes it"
+    if flag in chart.FIXED:
+        assert chart.FIXED[flag], flag
+        return
+    node: Any = yaml.safe_load((CHART / "values.yaml").read_text())
+    for part in chart.VALUES[flag].split("."):
+        assert isinstance(node, dict) and part in node, f"{flag}: {chart.VALUES[flag]} is not a value of the chart"
+        node = node[part]
+    assert flag in SETTINGS, f"{flag}: add the value that sets it to SETTINGS"
+    setting, expected = SETTINGS[flag]
+    assert setting.startswith(chart.VALUES[flag]), f"{flag}: SETTINGS sets {setting}, not {chart.VALUES[flag]}"
+    command = container_of(template("--set", setting))["command"]
+    assert argument(command, flag) == expected, f"{setting} rendered {flag} {argument(command, flag)!r}"
+
+
+def every_setting(monkeypatch: pytest.MonkeyPatch) -> argparse.Namespace:
+    """The chart rendered with every value of SETTINGS set, its command parsed by `serve`'s own parser (with the
+    downward API's variables as the pod has them)."""
+    monkeypatch.setenv("HAMI_MT_POD_NAME", "hami-mt-webhook-0")
+    monkeypatch.setenv("HAMI_MT_POD_NAMESPACE", NS)
+    args = [a for setting, _ in SETTINGS.values() for a in ("--set", setting)]
+    command = container_of(template(*args, "--set-json", 'extraArgs=["--peer-interval", "0.3"]'))["command"]
+    assert command[:2] == ["hami-mt-webhook", "serve"]
+    return cli.build_parser().parse_args(command[1:])
+
+
+def test_a_render_with_every_value_set_is_one_serve_accepts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A value the chart accepts is one the server accepts: the rendered command through `serve`'s parser and
+    the checks `serve` makes before it starts (the rules' Config, the listener's Limits, failover's timing)."""
+    args = every_setting(monkeypatch)
+    config = cli._load_config(args)
+    limits = Limits(**{setting.dest: getattr(args, setting.dest) for setting in settings.LIMITS})
+    failover = cli._failover(args)
+    assert failover is not None and failover.interval == 0.3  # extraArgs come last, so they win
+    assert config.retired_schedulers == ("mt-gpu-scheduler", "mt-gpushare-scheduler")
+    assert config.sliced_node_taint == ("example.com/sliced", "true", "NoSchedule")
+    assert config.memory_per_card == (96, 160) and config.enforcement == "warn"
+    assert (limits.max_connections, limits.write_timeout, args.reload_interval) == (2048, 0.5, 2.5)
+    assert (args.node_watch, args.node_selector, args.log_level, args.log_format) == (
+        "list", "mthreads.com/gpu-node", "debug", "plain")
+    assert args.client_ca == "/client-ca/ca.crt"
+
+
+@pytest.mark.parametrize(("setting", "named"), [
+    ("retiredSchedulers={mt gpu}", "at '/retiredSchedulers/0'"),
+    ("retiredScheduler={mt-gpu-scheduler}", "additional properties 'retiredScheduler' not allowed"),
+    ("nodeWatch.mode=watch", "at '/nodeWatch/mode'"),
+    ("nodeWatch.selector=gpu in on", "nodeWatch.selector must be a label selector as kubectl get -l takes it"),
+    ("nodeWatch.selector=gpu in on", '"gpu in on"'),
+    ("clientCA.secret=Client_CA", "at '/clientCA/secret': 'Client_CA' does not match"),
+    ("clientCA.key=ca/crt", "at '/clientCA/key': 'ca/crt' does not match"),
+    ("logging.level=verbose", "at '/logging/level'"),
+    ("logging.format=text", "at '/logging/format'"),
+    ("logging.levle=debug", "additional properties 'levle' not allowed"),
+    ("listener.maxConnections=0", "at '/listener/maxConnections'"),
+    ("listener.maxConnections=many", "at '/listener/maxConnections'"),
+    ("listener.idleTimeout=0", "at '/listener/idleTimeout'"),
+    ("listener.writeTimeout=soon", "at '/listener/writeTimeout'"),
+    ("listener.maxConnection=5", "additional properties 'maxConnection' not allowed"),
+    ("certificate.reloadInterval=-1", "at '/certificate/reloadInterval'"),
+    ("extraArgs=--log-level", "at '/extraArgs'"),
+])
+def test_a_bad_setting_fails_where_it_enters_and_is_named(setting: str, named: str) -> None:
+    bad = helm("template", RELEASE, str(CHART), "--set", setting, check=False)
+    assert bad.returncode != 0 and named in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    ({"clientCA": {"secret": "a", "configMap": "b"}},
+     'clientCA.secret ("a") and clientCA.configMap ("b") are both set'),
+    ({"extraEnv": [{"value": "x"}]}, "at '/extraEnv/0'"),
+    ({"extraEnv": [{"name": "X", "valu": "x"}]}, "additional properties 'valu' not allowed"),
+])
+def test_a_bad_structured_setting_is_refused_naming_it(values: Doc, named: str) -> None:
+    args = [a for key, value in values.items() for a in ("--set-json", f"{key}={json.dumps(value)}")]
+    bad = helm("template", RELEASE, str(CHART), *args, check=False)
+    assert bad.returncode != 0 and named in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("taint", ["example.com/sliced=true:NoSchedule", "sliced:NoExecute", "sliced=:PreferNoSchedule",
+                                   "sliced", "sliced:Never", "=true:NoSchedule", "sliced=a b:NoSchedule",
+                                   "example.com/sliced=true:noschedule"])
+def test_the_chart_takes_the_taints_serve_takes(taint: str) -> None:
+    """slicedNodeTaint is checked as settings.parse_taint checks --sliced-node-taint: what one refuses, the other
+    does, and the chart's message names the value and what was typed."""
+    try:
+        settings.parse_taint(taint)
+        accepted = True
+    except ValueError:
+        accepted = False
+    proc = helm("template", RELEASE, str(CHART), "--set-string", f"slicedNodeTaint={taint}", check=False)
+    assert (proc.returncode == 0) == accepted, proc.stderr
+    if not accepted:
+        assert "slicedNodeTaint must read key[=value]:effect" in proc.stderr and json.dumps(taint) in proc.stderr
+
+
+@pytest.mark.parametrize(("selector", "good"), [
+    ("mthreads.com/gpu-node", True), ("!mthreads.com/gpu-node", True), ("gpu=on", True), ("gpu==on,zone!=b", True),
+    ("zone in (a, b),gpu", True), ("zone notin (a)", True), ("gpu=", True),
+    ("gpu in on", False), ("gpu=o n", False), ("zone in ()", False), ("=on", False), ("gpu,", False),
+])
+def test_the_node_selector_is_checked_as_a_label_selector(selector: str, good: bool) -> None:
+    proc = helm("template", RELEASE, str(CHART), "--set-json", f"nodeWatch.selector={json.dumps(selector)}",
+                check=False)
+    assert (proc.returncode == 0) == good, proc.stderr
+    if good:
+        assert argument(container_of(yaml_docs(proc.stdout))["command"], "--node-selector") == selector
+
+
+def yaml_docs(text: str) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.mark.parametrize("source", ["secret", "configMap"])
+def test_the_client_ca_is_mounted_read_only_from_the_object_named(source: str) -> None:
+    """clientCA names a Secret or a ConfigMap; its `key` is mounted read-only where --client-ca reads it."""
+    docs = template("--set", f"clientCA.{source}=apiserver-client-ca", "--set", "clientCA.key=client-ca.pem")
+    pod_spec = find(docs, "Deployment", "hami-mt-webhook")["spec"]["template"]["spec"]
+    (mount,) = [m for m in container_of(docs)["volumeMounts"] if m["name"] == "client-ca"]
+    (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "client-ca"]
+    assert mount["readOnly"] is True
+    named = volume[source]
+    assert named[{"secret": "secretName", "configMap": "name"}[source]] == "apiserver-client-ca"
+    (item,) = named["items"]
+    assert item["key"] == "client-ca.pem"
+    assert argument(container_of(docs)["command"], "--client-ca") == f"{mount['mountPath']}/{item['path']}"
+
+
+def test_extra_args_come_last_and_extra_env_beside_the_downward_api() -> None:
+    extra_env = [{"name": "HTTPS_PROXY", "value": "http://proxy.example:3128"},
+                 {"name": "LIMIT", "valueFrom": {"resourceFieldRef": {"resource": "limits.memory"}}}]
+    env = ("--set-json", f"extraEnv={json.dumps(extra_env)}")
+    container = container_of(template("--set-json", 'extraArgs=["--log-level", "warning"]', *env))
+    assert container["command"][-2:] == ["--log-level", "warning"]
+    assert [e["name"] for e in container["env"][:2]] == ["HAMI_MT_POD_NAME", "HAMI_MT_POD_NAMESPACE"]
+    assert container["env"][2:] == extra_env
+    alone = container_of(template("--set", "failover.enabled=false", *env))
+    assert alone["env"] == extra_env
+    assert "env" not in container_of(template("--set", "failover.enabled=false"))

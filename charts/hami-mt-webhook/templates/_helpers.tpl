@@ -368,3 +368,50 @@ Certificate only after install, leaving the webhook without a certificate). Go d
 {{- end }}
 {{- $total }}
 {{- end -}}
+
+{{/* A Kubernetes label key and value, for the checks below (RE2, as kubectl's parser reads them). */}}
+{{- define "hmw.labelKeyRE" -}}([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?{{- end -}}
+{{- define "hmw.labelValueRE" -}}[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?{{- end -}}
+
+{{/* The flags an operator sets through values beyond the rules' (hami_mt_webhook/admission/chart.py maps
+     each flag to its value), as a JSON list of arguments: none with the defaults, so the Deployment stays the
+     kustomize base's. A value the schema cannot judge fails here, named, as the server would refuse it (or,
+     for the node selector, as the API server would refuse every watch). */}}
+{{- define "hmw.settingsArgs" -}}
+{{- $args := list -}}
+{{- with .Values.retiredSchedulers }}{{ $args = concat $args (list "--retired-schedulers" (join "," .)) }}{{ end -}}
+{{- with .Values.slicedNodeTaint -}}
+{{- if not (regexMatch (printf `^%s(=(%s)?)?:(NoSchedule|PreferNoSchedule|NoExecute)$` (include "hmw.labelKeyRE" $) (include "hmw.labelValueRE" $)) .) -}}
+{{- fail (printf "slicedNodeTaint must read key[=value]:effect with effect NoSchedule, PreferNoSchedule or NoExecute, as kubectl taint writes it, e.g. example.com/sliced=true:NoSchedule; got %q" .) -}}
+{{- end -}}
+{{- $args = concat $args (list "--sliced-node-taint" .) -}}
+{{- end -}}
+{{- with .Values.nodeWatch -}}
+{{- with .mode }}{{ $args = concat $args (list "--node-watch" .) }}{{ end -}}
+{{- with .selector -}}
+{{- $key := include "hmw.labelKeyRE" $ -}}
+{{- $value := include "hmw.labelValueRE" $ -}}
+{{- $one := printf `(!?%s|%s\s*(=|==|!=)\s*(%s)?|%s\s+(in|notin)\s+\(\s*%s(\s*,\s*%s)*\s*\))` $key $key $value $key $value $value -}}
+{{- if not (regexMatch (printf `^\s*%s(\s*,\s*%s)*\s*$` $one $one) .) -}}
+{{- fail (printf "nodeWatch.selector must be a label selector as kubectl get -l takes it, e.g. mthreads.com/gpu-node or gpu=on,zone in (a,b); got %q" .) -}}
+{{- end -}}
+{{- $args = concat $args (list "--node-selector" .) -}}
+{{- end -}}
+{{- end -}}
+{{- with .Values.clientCA -}}
+{{- if and .secret .configMap -}}
+{{- fail (printf "clientCA.secret (%q) and clientCA.configMap (%q) are both set: name the one that holds the CA" .secret .configMap) -}}
+{{- end -}}
+{{- if or .secret .configMap }}{{ $args = concat $args (list "--client-ca" "/client-ca/ca.crt") }}{{ end -}}
+{{- end -}}
+{{- with .Values.certificate.reloadInterval }}{{ $args = concat $args (list "--reload-interval" (toString .)) }}{{ end -}}
+{{- with .Values.logging -}}
+{{- with .level }}{{ $args = concat $args (list "--log-level" .) }}{{ end -}}
+{{- with .format }}{{ $args = concat $args (list "--log-format" .) }}{{ end -}}
+{{- end -}}
+{{- with .Values.listener.maxConnections }}{{ $args = concat $args (list "--max-connections" (int64 . | toString)) }}{{ end -}}
+{{- range $value, $flag := dict "handshakeTimeout" "--handshake-timeout" "idleTimeout" "--idle-timeout" "requestTimeout" "--request-timeout" "writeTimeout" "--write-timeout" -}}
+{{- with index $.Values.listener $value }}{{ $args = concat $args (list $flag (toString .)) }}{{ end -}}
+{{- end -}}
+{{- toJson $args -}}
+{{- end -}}
