@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 
+from hami_mt_webhook.admission import chart
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings
 
@@ -39,6 +40,31 @@ def test_readme_configuration_table_lists_every_serve_setting_with_its_variable_
             assert default == setting.shown, f"{flag}: README says {default}, the settings {setting.shown}"
 
 
+def _chart_value_rows() -> list[tuple[set[str], str]]:
+    """docs/operating.md's "Helm chart values" rows: the values each names in full (`.memory` after
+    `resourceNames.vgpu` is resourceNames.memory), and the row's text."""
+    text = (README.parent / "docs" / "operating.md").read_text()
+    rows = []
+    for row in (line for line in _section(text, "Helm chart values").splitlines() if line.startswith("| `")):
+        names, parent = set(), ""
+        for name in re.findall(r"`([^`]+)`", row.split("|")[1]):
+            full = parent + name if name.startswith(".") else name
+            parent = full.rsplit(".", 1)[0] if "." in full else ""
+            names.add(full.removesuffix(".*"))
+        rows.append((names, row))
+    return rows
+
+
+def test_operating_chart_values_table_names_each_values_flag() -> None:
+    """Where the table documents a value that sets a flag of `serve` (admission/chart.py), the row names the
+    flag, so a reader who is told to set the flag finds its value and the other way round."""
+    for flag, value in chart.VALUES.items():
+        rows = [row for names, row in _chart_value_rows()
+                if any(name == value or name.startswith(value + ".") for name in names)]
+        assert rows, f"docs/operating.md's chart values table has no row for {value} ({flag})"
+        assert any(f"`{flag}" in row for row in rows), f"docs/operating.md's row for {value} does not name {flag}"
+
+
 def test_operating_chart_values_table_names_every_value_of_the_chart() -> None:
     """docs/operating.md's "Helm chart values" is written by hand: every value of values.yaml has a row (a row
     may name a map as a whole, e.g. `resources`, or `prometheusRule.thresholds.*`), and no row names a value
@@ -55,15 +81,7 @@ def test_operating_chart_values_table_names_every_value_of_the_chart() -> None:
             leaves.append(path)
 
     walk(values, "")
-    table = [line for line in _section((root / "docs" / "operating.md").read_text(), "Helm chart values").splitlines()
-             if line.startswith("| `")]
-    documented: set[str] = set()
-    for row in table:
-        parent = ""
-        for name in re.findall(r"`([^`]+)`", row.split("|")[1]):
-            full = parent + name if name.startswith(".") else name
-            parent = full.rsplit(".", 1)[0] if "." in full else ""
-            documented.add(full.removesuffix(".*"))
+    documented = {name for names, _ in _chart_value_rows() for name in names}
     for leaf in leaves:
         parts = leaf.split(".")
         assert any(".".join(parts[:i]) in documented for i in range(1, len(parts) + 1)), \

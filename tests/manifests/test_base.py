@@ -3,6 +3,7 @@ components render with it, and its generated parts are what their generators wri
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from tests.manifests.support import (
     WHOLE,
     WORKLOADS,
     configuration,
+    kustomize,
     match_condition,
     needs_kubectl,
     one,
@@ -473,3 +475,33 @@ def test_warn_component_renders_cluster_wide_rollout_mode(tmp_path: Path) -> Non
     bindings = {d["metadata"]["name"]: d["spec"]["validationActions"] for d in rendered
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}
     assert bindings == {name: ["Warn", "Audit"] for name in (BACKSTOP, f"{BACKSTOP}-warn", GUARD, f"{GUARD}-warn")}
+
+
+def documented_overlay() -> str:
+    """The overlay docs/operating.md's "Settings with the kustomize base" shows, as written there."""
+    text = (manifests.base_dir().parent / "docs" / "operating.md").read_text()
+    section = text.split("\n## Settings with the kustomize base\n", 1)[1].split("\n## ", 1)[0]
+    return section.split("```yaml\n", 1)[1].split("```", 1)[0]
+
+
+@needs_kubectl
+def test_the_documented_patch_sets_serve_flags_on_the_base(tmp_path: Path) -> None:
+    """The kustomize route to the flags the base does not set: the documented overlay builds, every flag it
+    appends reaches the command, `serve`'s parser takes them, and the CA is mounted read-only where --client-ca
+    reads it."""
+    shutil.copytree(manifests.base_dir(), tmp_path / "manifests", ignore=shutil.ignore_patterns("components"))
+    (tmp_path / "overlay").mkdir()
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(documented_overlay())
+    deployment = one(kustomize(tmp_path / "overlay"), "Deployment")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (base,) = one(manifests.load(), "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert container["command"][:len(base["command"])] == base["command"]
+    args = cli.build_parser().parse_args(container["command"][1:])
+    config = cli._load_config(args)
+    assert config.retired_schedulers == ("mt-gpu-scheduler",)
+    assert config.sliced_node_taint == ("example.com/sliced", "true", "NoSchedule")
+    assert (args.log_level, args.max_connections) == ("debug", 2048)
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "client-ca"]
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "client-ca"]
+    assert mount["readOnly"] is True
+    assert args.client_ca == f"{mount['mountPath']}/{volume['configMap']['items'][0]['path']}"
