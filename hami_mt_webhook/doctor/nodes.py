@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..admission.chart import flag_and_value
 from ..rules.capacity import ClusterView, NodeReport, report
 from ..rules.config import CARD_SIZES, CORES_PER_CARD
 from ..rules.quantities import QuantityError, whole
@@ -26,6 +27,10 @@ from .model import (
 )
 
 # --- nodes -------------------------------------------------------------------------------------------------
+
+#: Where advice says to add a card size: the flag, and the chart value that sets it.
+MEMORY_PER_CARD = flag_and_value("--memory-per-card")
+
 
 def capacity(cluster: Cluster, settings: Settings) -> list[Finding]:
     """Per-card capacities: a known card size, an overcommitted one, or a report that is no sliced card."""
@@ -61,8 +66,8 @@ def capacity(cluster: Cluster, settings: Settings) -> list[Finding]:
                                  f"reports {r.per_card} units of {config.memory} per card, "
                                  f"{r.per_card / base:.2f} times a {base}-unit card: the vendor's "
                                  "overcommit_ratio is likely in the report, and whole-card fills on it get "
-                                 f"{r.per_card}; if that is intended add {r.per_card} to --memory-per-card "
-                                 "(and to HAMi's memoryPerCard), else set overcommit_ratio to 1.0 "
+                                 f"{r.per_card}; if that is intended add {r.per_card} to {MEMORY_PER_CARD} "
+                                 "and to HAMi's memoryPerCard, else set overcommit_ratio to 1.0 "
                                  "(docs/mixed-clusters.md#overcommitted-memory)"))
         else:
             found.append(Finding("capacity", where,
@@ -70,7 +75,7 @@ def capacity(cluster: Cluster, settings: Settings) -> list[Finding]:
                                  f"size ({', '.join(map(str, known))}) nor an overcommitted one: check the "
                                  f"node's report (kubectl get node {name_of(node)} -o "
                                  f"jsonpath='{{.status.capacity}}'); if it is right, add {r.per_card} to "
-                                 "--memory-per-card"))
+                                 f"{MEMORY_PER_CARD}"))
     return found
 
 
@@ -111,8 +116,8 @@ def whole_and_sliced(cluster: Cluster, settings: Settings) -> list[Finding]:
                              f"{counted(r.cards, 'sliced card')}{on}: the same cards may go to a whole-card "
                              "pod (default-scheduler) and to slices (hami-scheduler) at once, and neither "
                              "scheduler sees the other; slice a fixed subset of the cards (gpu_ids), or "
-                             "taint the node and run the webhook with --sliced-node-taint "
-                             "(docs/mixed-clusters.md#whole-cards-and-slices-on-one-node)"))
+                             f"taint the node and run the webhook with {flag_and_value('--sliced-node-taint')}, "
+                             "as docs/mixed-clusters.md#whole-cards-and-slices-on-one-node says"))
     return found
 
 

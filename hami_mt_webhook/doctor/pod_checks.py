@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..admission.chart import flag_and_value
 from ..rules.quota import limits_only_keys
 from ..rules.selectors import selector_matches
 from ..rules.shape import asks_for_slices
 from .model import (
+    MIGRATION,
     Cluster,
     Finding,
     Settings,
@@ -84,7 +86,8 @@ def slice_pods(cluster: Cluster, settings: Settings) -> list[Finding]:
             found.append(Finding("slice-pods", where,
                                  f"asks for slices on scheduler {name}, which the webhook leaves alone: if "
                                  f"{name} does not account for HAMi's slices, {_recreate(pod)} without "
-                                 "schedulerName", action=False))
+                                 f"schedulerName; once {name} no longer runs, list it in "
+                                 f"{flag_and_value('--retired-schedulers')} ({MIGRATION})", action=False))
         elif _skipped(pod, namespaces, selector):
             found.append(Finding("slice-pods", where,
                                  f"asks for slices in namespace {namespace_of(pod)}, which the webhooks "

@@ -237,7 +237,8 @@ def test_an_overcommitted_card_is_named_with_its_ratio_and_both_fixes():
     cluster.nodes[1]["metadata"]["labels"][PRODUCT] = "MTT-S5000-old"  # keep the model label separating
     f = only(cluster, "capacity")
     assert f.object == "Node over" and "176 units" in f.message and "1.10 times a 160-unit card" in f.message
-    assert "add 176 to --memory-per-card" in f.message and "overcommit_ratio to 1.0" in f.message
+    assert "add 176 to --memory-per-card (chart: `memoryPerCard`)" in f.message
+    assert "overcommit_ratio to 1.0" in f.message
 
 
 def test_a_size_in_memory_per_card_is_known():
@@ -272,6 +273,7 @@ def test_cards_reported_both_whole_and_sliced():
     f = only(cluster, "whole-and-sliced")
     assert f.object == "Node s5000"
     assert "8 whole cards (mthreads.com/gpu) and 8 sliced cards on a node of 8 cards" in f.message
+    assert "run the webhook with --sliced-node-taint (chart: `slicedNodeTaint`)" in f.message
 
 
 def test_whole_and_sliced_cards_that_fit_the_card_count_or_a_tolerated_taint_are_fine():
@@ -495,6 +497,8 @@ def test_slice_pods_off_the_scheduler_each_with_the_fix():
     assert "which the webhooks skip" in out["Pod kube-system/system"].message
     assert "which the webhooks skip" in out["Pod skipped/ignored"].message
     assert not out["Pod team/volcano"].action
+    assert "once volcano no longer runs, list it in --retired-schedulers (chart: `retiredSchedulers`)" \
+        in out["Pod team/volcano"].message
     assert all(f.action for k, f in out.items() if k != "Pod team/volcano")
 
 

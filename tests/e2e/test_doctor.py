@@ -219,8 +219,8 @@ def test_node_reports_and_labels(cp, hook, capsys):
             "Node s5000-node: reports 8 whole cards (mthreads.com/gpu) and 8 sliced cards on a node of 8 cards "
             "(mthreads.com/gpu.count): the same cards may go to a whole-card pod (default-scheduler) and to slices "
             "(hami-scheduler) at once, and neither scheduler sees the other; slice a fixed subset of the cards "
-            "(gpu_ids), or taint the node and run the webhook with --sliced-node-taint "
-            "(docs/mixed-clusters.md#whole-cards-and-slices-on-one-node)"]
+            "(gpu_ids), or taint the node and run the webhook with --sliced-node-taint (chart: `slicedNodeTaint`), "
+            "as docs/mixed-clusters.md#whole-cards-and-slices-on-one-node says"]
         (typo_line,) = lines(found, "labels")
         assert typo_line.startswith(f"Pod {TEAM}/typo: its nodeSelector or required node affinity matches none of the "
                                     "3 sliced nodes")
