@@ -171,6 +171,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     logs.setup(args.log_level, args.log_format)
     config = _load_config(args)
+    for setting in (*settings.LIMITS, settings.RELOAD_INTERVAL):
+        value = getattr(args, setting.dest)
+        if not value > 0:
+            raise ValueError(f"{setting.flag} must be above 0; got {value!r}")
     limits = Limits(**{setting.dest: getattr(args, setting.dest) for setting in settings.LIMITS})
     failover = _failover(args)
     for path in (args.cert_file, args.key_file):

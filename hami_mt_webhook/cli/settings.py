@@ -137,7 +137,7 @@ SERVE = (
     Setting("--cert-file", f"{DEFAULT_CERTS}/tls.crt", "serving certificate, reloaded when it changes"),
     Setting("--key-file", f"{DEFAULT_CERTS}/tls.key", "serving key"),
     Setting("--client-ca", None, "if set, require a client certificate signed by this CA (the API server's)"),
-    Setting("--reload-interval", 10.0, "seconds between checks of the certificate files"),
+    RELOAD_INTERVAL := Setting("--reload-interval", 10.0, "seconds between checks of the certificate files"),
     *LIMITS,
     Setting("--health-port", 8080, "HTTP port for /readyz and /livez (and /peers with failover)"),
     Setting("--metrics-port", 9090, "HTTP port for Prometheus /metrics"),

@@ -245,9 +245,15 @@ def test_installed_command_help():
         assert name in proc.stdout, name
 
 
-def test_serve_refuses_a_listener_limit_that_is_not_positive(capsys):
-    assert cli.main(["serve", "--idle-timeout", "0"]) == 2
-    assert "idle_timeout must be a positive number of seconds" in capsys.readouterr().err
+@pytest.mark.parametrize(("args", "says"), [
+    (["--idle-timeout", "0"], "--idle-timeout must be above 0; got 0.0"),
+    (["--max-connections", "-1"], "--max-connections must be above 0; got -1"),
+    (["--reload-interval", "0"], "--reload-interval must be above 0; got 0.0"),
+])
+def test_serve_refuses_a_limit_that_is_not_positive_naming_its_flag(capsys, args, says):
+    """Checked where the flag enters: 0 would make every connection or the certificate check spin."""
+    assert cli.main(["serve", *args]) == 2
+    assert says in capsys.readouterr().err
 
 
 def test_node_watch_choices_are_the_watch_modes():
