@@ -268,7 +268,9 @@ def test_from_the_kustomize_base_to_the_chart_loses_no_pod(chart: Cluster, lt: L
             chart.kubectl("label", kind, name, *where, "app.kubernetes.io/managed-by=Helm", "--overwrite")
             chart.kubectl("annotate", kind, name, *where, f"meta.helm.sh/release-name={local.RELEASE}",
                           f"meta.helm.sh/release-namespace={NAMESPACE}", "--overwrite")
-        helm(chart, "upgrade", "--install", local.RELEASE, str(local.CHART), "-n", NAMESPACE, *USER_VALUES)
+        # Helm 4 applies server-side: the fields `kubectl apply` set are another manager's until forced over.
+        helm(chart, "upgrade", "--install", local.RELEASE, str(local.CHART), "-n", NAMESPACE, *USER_VALUES,
+             "--force-conflicts")
         rolled_out(chart)
         took = wait_for("failover: every replica gated and hearing the others", lambda: failover_working(chart), 60)
         MEASURED.append(f"kustomize base to chart: failover settled {took:.0f} s after the rollout")
