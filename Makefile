@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
+.PHONY: setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
 	image-tools node-tools controlplane controlplane-floor certs clean \
 	kube-network-policies netpol-tools netpol-proof
 
@@ -114,8 +114,13 @@ node-tools:  ## containerd, runc and containernetworking-plugins (installed when
 # The node tier: the chart on a real kubelet in a network namespace of its own (root; tests/node). It runs
 # only when the marker names it (`pytest -m node`): here, and in `make test` on both ends.
 test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet (KUBE_VERSION as above)
-	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	$(MAKE) --no-print-directory image previous IMAGE_BASES=standin
 	$(PY) -m pytest -q -m node
+
+# The previous release (devtools/previous.py): its chart and image built from its git revision, kept in
+# ~/.cache/hami-mt-webhook/previous/; the node tier upgrades from it.
+previous: setup image-tools  ## the previous release's chart and image, built from its revision (prints both)
+	$(PY) -m devtools.previous --bases $(IMAGE_BASES)
 
 # The fault tier: three real nodes, a replica or its node broken under slice-pod traffic (root; tests/faults).
 # Like the node tier it runs only when its marker is named: here, and in `make test` on the newest Kubernetes;
@@ -162,7 +167,7 @@ image: image-tools  ## the container image from the Dockerfile, with podman (pri
 	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
 test: lint controlplane controlplane-floor prometheus node-tools netpol-tools kube-network-policies release-test-tools release-tools cert-manager  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers on the newest
-	$(MAKE) --no-print-directory image IMAGE_BASES=standin
+	$(MAKE) --no-print-directory image previous IMAGE_BASES=standin
 	$(PY) -m pytest -q
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 	$(PY) -m pytest -q -m node

@@ -314,10 +314,11 @@ def reference_for(platform: str = "linux/amd64", tag: str | None = None) -> str:
 
 
 def build(mode: str = "auto", tag: str | None = None, say: Callable[[str], None] = print,
-          platform: str = "linux/amd64", labels: dict[str, str] | None = None) -> str:
+          platform: str = "linux/amd64", labels: dict[str, str] | None = None, context: Path = ROOT) -> str:
     """Build the image for `platform` (linux/amd64 or linux/arm64) from the Dockerfile, the bases first (see
     `ensure_bases`); return its name (`reference_for`). `labels` become --label flags and, for the OCI
     labels the Dockerfile declares (`org.opencontainers.image.revision` and `.version`), build arguments.
+    `context` is the tree built, its own Dockerfile included (another revision's: `devtools.previous`).
 
     The build stage runs on this machine's architecture whatever the platform (the Dockerfile's
     `FROM --platform=$BUILDPLATFORM`); for arm64 it cross-compiles, and the arm64 runtime stage only copies,
@@ -336,7 +337,7 @@ def build(mode: str = "auto", tag: str | None = None, say: Callable[[str], None]
     run("build", "--pull=never", "--isolation", "chroot", "--runtime", "runc", "--layers", *certs,
         "--platform", f"linux/{arch}", *_platform_args(arch), "--build-arg", f"RUNTIME={runtime_base(arch)}",
         *extra,
-        "--file", str(ROOT / "Dockerfile"), "--tag", name, str(ROOT), stdin=None)
+        "--file", str(context / "Dockerfile"), "--tag", name, str(context), stdin=None)
     say(f"built {name} in {time.monotonic() - started:.0f} s, {size_mb(name):.0f} MB")
     return name
 

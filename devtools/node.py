@@ -107,13 +107,25 @@ def pause_image() -> str:
     return name
 
 
+#: How long an image archive nothing imported is kept.
+ARCHIVE_KEPT_SECONDS = 30 * 86400
+
+
 def image_archive(name: str) -> Path:
-    """A docker-archive of a podman image, kept in the cache per image ID (saving 400 MB takes seconds)."""
+    """A docker-archive of a podman image, kept in the cache per name, tag and image ID (saving 400 MB takes
+    seconds), so two tags of one repository (this tree's image and the previous release's) are kept side by
+    side."""
     image_id = image.run("image", "inspect", "--format", "{{.Id}}", name).stdout.strip()[:16]
     CACHE.mkdir(parents=True, exist_ok=True)
-    archive = CACHE / f"{name.rsplit('/', 1)[-1].replace(':', '_')}-{image_id}.tar"
-    if not archive.exists():
-        for old in CACHE.glob(f"{name.rsplit('/', 1)[-1].split(':')[0]}_*.tar"):
+    stem = name.rsplit('/', 1)[-1].replace(':', '_')  # one archive per name and tag: a rebuild replaces it
+    archive = CACHE / f"{stem}-{image_id}.tar"
+    for stale in CACHE.glob("*.tar"):  # a tag no longer used (an older version's) goes after a month
+        if stale != archive and stale.stat().st_mtime < time.time() - ARCHIVE_KEPT_SECONDS:
+            stale.unlink()
+    if archive.exists():
+        archive.touch()
+    else:
+        for old in CACHE.glob(f"{stem}-*.tar"):
             old.unlink()
         image.run("save", "--format", "docker-archive", "-o", f"{archive}.tmp", name)
         os.replace(f"{archive}.tmp", archive)

@@ -10,17 +10,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from devtools import local
-from devtools.binaries import ControlPlaneError
+from devtools import image, local, previous
+from devtools.binaries import ControlPlaneError, pinned_versions
 from devtools.nodes import Cluster
+from devtools.traffic import LoopThread, creating
 from tests.tiers import only_when_selected, report_measured
+
+from .replicas import failover, failover_working, replicas, rolled_out, wait_for
 
 NODE_DIR = Path(__file__).resolve().parent
 NAMESPACE = local.NAMESPACE
+RATE = 20  # slice pods created per second under every change of the chart's Deployment
+#: Long enough for a rollout of 3 replicas (each with its 5 s preStop) and failover's settling after it.
+UPGRADE_SECONDS = 60
+#: The values the install and every upgrade give (`install_chart_on_node`'s own: the image built here).
+USER_VALUES = ("--set", f"image.repository={local.NODE_IMAGE_REPOSITORY}")
 #: Lines for the summary at the end of the run: what the tier measured.
 MEASURED: list[str] = []
 
@@ -36,8 +46,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 @pytest.fixture(scope="session")
 def node() -> Iterator[Cluster]:
     started = time.monotonic()
-    n = Cluster(1)
+    n = Cluster(1, images=[image.reference(), previous.RELEASE.image])  # this tree's, and what it upgrades from
     try:
+        previous.build(previous.RELEASE)  # kept from `make previous`: a lookup
         n.start()
     except (ControlPlaneError, RuntimeError) as e:
         pytest.fail(f"the node did not start:\n{e}", pytrace=False)
@@ -52,12 +63,66 @@ def node() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def chart(node: Cluster) -> Iterator[Cluster]:
-    """The chart installed as the README's Install section says (`devtools.local.install_chart_on_node`, what
-    `make run NODE=1` runs too), 3 replicas Ready through their probes."""
+def lt() -> Iterator[LoopThread]:
+    loop = LoopThread()
+    yield loop
+    loop.close()
+
+
+@dataclass(frozen=True)
+class Upgrade:
+    """What `helm upgrade` from the previous release did under traffic (`chart`; test_uptime judges it)."""
+
+    total: int
+    failures: list[str]
+    created: int
+    images: list[str]
+    failover: dict[str, Any]
+    seconds: float
+
+
+#: The chart fixture's upgrade, once it ran.
+UPGRADES: list[Upgrade] = []
+
+
+def upgrades_run(node: Cluster) -> bool:
+    """The upgrades from the previous release (the chart's and the kustomize base's, about 2.5 minutes of the
+    tier) run on the newest Kubernetes only: the floor's run of the tier installs this tree's chart, which
+    keeps `make test` inside CI's 90 minutes."""
+    return node.controlplane.git_version == pinned_versions()[-1]
+
+
+@pytest.fixture(scope="session")
+def chart(node: Cluster, lt: LoopThread) -> Iterator[Cluster]:
+    """The previous release's chart and image (`devtools.previous`) installed as the README's Install section
+    says (`devtools.local.install_chart_on_node`, what `make run NODE=1` runs too), then `helm upgrade` to this
+    tree's chart with the values it was installed with while RATE slice pods a second are created: the
+    upgraded release is what every module of the tier works on, 3 replicas Ready through their probes. The
+    upgrade's outcome is recorded in UPGRADES, not judged here, so one refused pod fails one test. On the
+    floor (`upgrades_run`), this tree's chart installed directly."""
+    rel = previous.RELEASE
+    upgrading = upgrades_run(node)
     try:
-        seconds = local.install_chart_on_node(node)
+        seconds = local.install_chart_on_node(node, chart=[str(rel.chart), *USER_VALUES, "--set",
+                                                           f"image.tag={rel.tag}"] if upgrading else None)
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
-    MEASURED.append(f"helm install to 3 replicas Ready: {seconds:.1f} s")
+    if not upgrading:
+        MEASURED.append(f"helm install to 3 replicas Ready: {seconds:.1f} s")
+        yield node
+        return
+    MEASURED.append(f"helm install of {rel.version} to 3 replicas Ready: {seconds:.1f} s")
+    started = time.monotonic()
+    with creating(node.controlplane, lt, "load-upgrade", RATE, UPGRADE_SECONDS) as creator:
+        time.sleep(3)
+        local.helm(node.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE, *USER_VALUES)
+        rolled_out(node)
+        took = time.monotonic() - started - 3
+        wait_for("failover: every replica gated and hearing the others", lambda: failover_working(node), 60)
+    images = sorted({c["image"] for p in replicas(node, terminating=True) for c in p["spec"]["containers"]})
+    UPGRADES.append(Upgrade(int(RATE * UPGRADE_SECONDS), creator.failures, creator.results[201], images,
+                            failover(node), took))
+    MEASURED.append(f"helm upgrade from {rel.version} under {RATE} pods/s: {creator.results[201]}/"
+                    f"{int(RATE * UPGRADE_SECONDS)} created, {len(creator.failures)} failed; rolled out in "
+                    f"{took:.0f} s; the fixture {time.monotonic() - started:.0f} s more than a plain install")
     yield node

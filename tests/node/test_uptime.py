@@ -13,34 +13,31 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
+import subprocess
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from pathlib import Path
 
 import pytest
+import yaml
 
-from devtools import local
+from devtools import local, manifests
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, PodCreator, creating
+from hami_mt_webhook import __version__
 from hami_mt_webhook.service import certs
 from tests.e2e.support import VGPU, WHOLE, pod
 
-from .conftest import MEASURED, NAMESPACE
+from .conftest import MEASURED, NAMESPACE, RATE, UPGRADES, USER_VALUES, upgrades_run
+from .replicas import DEPLOYMENT, failover_working, ready, replicas, rolled_out, wait_for
 
-RATE = 20  # pods per second
-DEPLOYMENT = f"deployment/{local.RELEASE}"
 CONFIGS = (("mutatingwebhookconfiguration", "hami-mt-webhook"), ("validatingwebhookconfiguration", "hami-mt-webhook"),
            ("validatingwebhookconfiguration", "hami-mt-webhook-workloads"),
            ("mutatingwebhookconfiguration", "hami-mt-webhook-warn"),
            ("validatingwebhookconfiguration", "hami-mt-webhook-warn"))
-
-
-@pytest.fixture(scope="module")
-def lt() -> Iterator[LoopThread]:
-    loop = LoopThread()
-    yield loop
-    loop.close()
 
 
 @contextmanager
@@ -68,34 +65,6 @@ def verdicts(node: Cluster) -> list[str]:
     return lines
 
 
-def replicas(node: Cluster, *, terminating: bool = False) -> list[dict[str, Any]]:
-    """The webhook's pods; those being deleted (still serving through their preStop) only if asked."""
-    out = node.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
-                       "-o", "json").stdout
-    return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
-
-
-def ready(node: Cluster) -> list[str]:
-    return sorted(p["metadata"]["name"] for p in replicas(node)
-                  if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 180.0) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, f"{what}: not after {timeout:.0f} s"
-        time.sleep(0.5)
-    return time.monotonic() - started
-
-
-def rolled_out(node: Cluster) -> None:
-    """The rollout done and the old replicas gone: until their preStop ends they still answer on the
-    API server's kept-alive connections, with the old settings."""
-    node.kubectl("rollout", "status", DEPLOYMENT, "-n", NAMESPACE, "--timeout=180s", timeout=200)
-    wait_for("3 replicas Ready, no other left",
-             lambda: len(ready(node)) == 3 and len(replicas(node, terminating=True)) == 3)
-
-
 def assert_replicas_healthy(node: Cluster) -> None:
     """No replica restarted by kubelet, and none logged a traceback."""
     for p in replicas(node):
@@ -115,6 +84,21 @@ def replica_metric(node: Cluster, pod_name: str, metric: str) -> float | None:
 
 def helm(node: Cluster, *args: str) -> None:
     local.helm(node.controlplane, *args)
+
+
+def test_helm_upgrade_from_the_previous_release_loses_no_pod(chart: Cluster) -> None:
+    """The chart fixture installed the previous release's chart and image, then ran `helm upgrade` to this
+    tree's chart under RATE slice pods a second: every creation succeeded, every replica runs the new image,
+    and failover works afterwards (each replica gated by its condition and hearing the others)."""
+    if not upgrades_run(chart):
+        pytest.skip("the upgrade from the previous release runs on the newest Kubernetes only")
+    (done,) = UPGRADES
+    assert done.failures == [], done.failures[:5]
+    assert done.created == done.total
+    assert done.images == [f"{local.NODE_IMAGE_REPOSITORY}:{__version__}"]
+    assert len(done.failover) == local.REPLICAS and all(s["gate"] for s in done.failover.values()), done.failover
+    assert all(len(s["heard"]) >= local.REPLICAS - 1 and not s["silent"] for s in done.failover.values())
+    assert_replicas_healthy(chart)
 
 
 def test_rollout_restart_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
@@ -259,3 +243,66 @@ def set_ca_bundle(node: Cluster, bundle: bytes) -> None:
 
 def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
+
+
+def test_from_the_kustomize_base_to_the_chart_loses_no_pod(chart: Cluster, lt: LoopThread, tmp_path: Path) -> None:
+    """The kustomize base installed as the README says (its certificate from `hami-mt-webhook certs`), then
+    adopted by the chart under RATE slice pods a second, as docs/upgrading.md says: every object labelled and
+    annotated as Helm's own, the TLS Secret included, then `helm upgrade --install`. The chart reads that
+    Secret back and keeps it, so the caBundle does not change and no call is refused. Runs after the
+    uninstall above, and leaves the chart installed."""
+    if not upgrades_run(chart):
+        pytest.skip("the move to the chart runs on the newest Kubernetes only, as the upgrade does")
+    made = subprocess.run([sys.executable, "-m", "hami_mt_webhook", "certs", "--dir", str(tmp_path / "certs")],
+                          capture_output=True, text=True, check=True)
+    assert (tmp_path / "certs" / "webhook-configurations.yaml").is_file(), made.stderr
+    overlay = image_overlay(tmp_path)
+    chart.kubectl("apply", "-f", str(manifests.base_dir() / "namespace.yaml"))
+    chart.kubectl("-n", NAMESPACE, "create", "secret", "generic", TLS_SECRET,
+                  *(f"--from-file={tmp_path / 'certs' / f}" for f in ("tls.crt", "tls.key", "ca.crt")))
+    chart.kubectl("apply", "-k", str(overlay))
+    chart.kubectl("apply", "-f", str(tmp_path / "certs" / "webhook-configurations.yaml"))
+    wait_for("the kustomize base's 3 replicas Ready", lambda: len(ready(chart)) == local.REPLICAS)
+    bundles = ca_bundles(chart)
+    objects = [(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))
+               for d in yaml.safe_load_all(chart.kubectl("kustomize", str(overlay)).stdout) if d["kind"] != "Namespace"]
+    with load(chart, lt, "kustomize base adopted by helm upgrade --install", 60):
+        time.sleep(3)
+        for kind, name, namespace in [*objects, ("Secret", TLS_SECRET, NAMESPACE)]:
+            where = ["-n", namespace] if namespace else []
+            chart.kubectl("label", kind, name, *where, "app.kubernetes.io/managed-by=Helm", "--overwrite")
+            chart.kubectl("annotate", kind, name, *where, f"meta.helm.sh/release-name={local.RELEASE}",
+                          f"meta.helm.sh/release-namespace={NAMESPACE}", "--overwrite")
+        # Helm 4 applies server-side: the fields `kubectl apply` set are another manager's until forced over.
+        helm(chart, "upgrade", "--install", local.RELEASE, str(local.CHART), "-n", NAMESPACE, *USER_VALUES,
+             "--force-conflicts")
+        rolled_out(chart)
+        took = wait_for("failover: every replica gated and hearing the others", lambda: failover_working(chart), 60)
+        MEASURED.append(f"kustomize base to chart: failover settled {took:.0f} s after the rollout")
+    assert ca_bundles(chart) == bundles, "the caBundle changed"
+    assert len(set(bundles.values())) == 1
+    listed = local.helm(chart.controlplane, "get", "manifest", local.RELEASE, "-n", NAMESPACE).stdout
+    assert all(f"name: {name}" in listed for _, name, _ in objects)
+
+
+TLS_SECRET = "hami-mt-webhook-tls"
+
+
+def image_overlay(dest: Path) -> Path:
+    """The kustomize base with the image built here, as `kustomize edit set image` sets it (README)."""
+    base = dest / "base"
+    shutil.copytree(manifests.base_dir(), base, ignore=shutil.ignore_patterns("components"))
+    (dest / "overlay").mkdir()
+    (dest / "overlay" / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": ["../base"],
+        "images": [{"name": "hami-mt-webhook", "newName": local.NODE_IMAGE_REPOSITORY, "newTag": __version__}]}))
+    return dest / "overlay"
+
+
+def ca_bundles(node: Cluster) -> dict[str, str]:
+    """Each webhook's caBundle, by configuration and webhook name."""
+    found = {}
+    for kind, name in CONFIGS:
+        for hook in json.loads(node.kubectl("get", kind, name, "-o", "json").stdout)["webhooks"]:
+            found[f"{kind}/{name}/{hook['name']}"] = hook["clientConfig"].get("caBundle", "")
+    return found

@@ -1,0 +1,70 @@
+"""The chart's replicas on the node tier's node, as kubectl sees them: who is there, who is Ready, a rollout
+waited out, and failover's view of them. Shared by the tier's chart fixture (the upgrade it starts with) and
+its uptime tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from devtools import local
+from devtools.faults import CONDITION
+from devtools.nodes import Cluster
+
+NAMESPACE = local.NAMESPACE
+DEPLOYMENT = f"deployment/{local.RELEASE}"
+#: The probe port, where a replica answers `/peers` (failover's view of the others).
+PROBE_PORT = 8080
+
+
+def replicas(node: Cluster, *, terminating: bool = False) -> list[dict[str, Any]]:
+    """The webhook's pods; those being deleted (still serving through their preStop) only if asked."""
+    out = node.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
+                       "-o", "json").stdout
+    return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(node: Cluster) -> list[str]:
+    return sorted(p["metadata"]["name"] for p in replicas(node)
+                  if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 180.0) -> float:
+    started = time.monotonic()
+    while not check():
+        assert time.monotonic() - started < timeout, f"{what}: not after {timeout:.0f} s"
+        time.sleep(0.5)
+    return time.monotonic() - started
+
+
+def rolled_out(node: Cluster) -> None:
+    """The rollout done and the old replicas gone: until their preStop ends they still answer on the
+    API server's kept-alive connections, with the old settings."""
+    node.kubectl("rollout", "status", DEPLOYMENT, "-n", NAMESPACE, "--timeout=180s", timeout=200)
+    wait_for("3 replicas Ready, no other left",
+             lambda: len(ready(node)) == 3 and len(replicas(node, terminating=True)) == 3)
+
+
+def failover(node: Cluster) -> dict[str, Any]:
+    """Each replica's failover state: its readiness gate declared and True, and the peers its `/peers` says it
+    hears and holds silent (`{name: {"gate": bool, "heard": [...], "silent": [...]}}`)."""
+    state = {}
+    for p in replicas(node):
+        name = p["metadata"]["name"]
+        gates = [g["conditionType"] for g in p["spec"].get("readinessGates") or []]
+        true = any(c["type"] == CONDITION and c["status"] == "True" for c in p["status"].get("conditions", []))
+        raw = node.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:{PROBE_PORT}/proxy/peers",
+                           check=False).stdout
+        view = json.loads(raw) if raw.startswith("{") else {}
+        state[name] = {"gate": gates == [CONDITION] and true, "heard": sorted(view.get("heard") or {}),
+                       "silent": sorted(view.get("silent") or [])}
+    return state
+
+
+def failover_working(node: Cluster) -> bool:
+    """Every replica gated, hearing every other one and holding none silent."""
+    state = failover(node)
+    return len(state) == local.REPLICAS and all(
+        s["gate"] and set(s["heard"]) >= set(state) - {name} and not s["silent"] for name, s in state.items())
