@@ -86,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser(
         "doctor", help="check a live cluster, read-only: one line per finding, with what to do",
         description="Read the cluster of the kubeconfig (or the pod's service account) and report what needs "
-                    "action: the vendor's scheduler and webhook still installed, HAMi's own webhook, pods no "
+                    "action: the vendor's scheduler and webhook still installed, HAMi's own webhook (still "
+                    "registered for the same pods, or its memoryPerCard short), pods no "
                     "scheduler answers, node card reports, this webhook's registration and certificate, "
                     "replicas and PodDisruptionBudget, quotas HAMi-style, and slice pods outside HAMi. "
                     "Changes nothing. Exit 0: nothing to act on; 1: findings; 2: doctor cannot run "

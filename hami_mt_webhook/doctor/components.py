@@ -9,6 +9,7 @@ from typing import Any
 
 import yaml
 
+from ..rules.selectors import webhook_called
 from .model import (
     HAMI_WEBHOOK,
     MIGRATION,
@@ -27,6 +28,7 @@ from .model import (
     namespace_of,
     node_reports,
     ref,
+    registered,
     sequence,
     timestamp,
     unique,
@@ -114,9 +116,28 @@ def hami_memory_per_card(configmap: Mapping[str, Any]) -> list[int] | None:
         return None
 
 
+#: The fix for two webhooks mutating one pod: HAMi's chart value, and where the README says it.
+HAMI_WEBHOOK_OFF = "scheduler.admissionWebhook.enabled=false"
+BESIDE_HAMI = "README.md, Installing beside HAMi"
+
+
+def both_mutate(cluster: Cluster, hami: Mapping[str, Any]) -> list[str]:
+    """The namespaces (or, with none read, an ordinary one) where a slice pod's creation calls both HAMi's
+    mutating webhook and this one's: each rewrites the pod, in an order nobody chose."""
+    ours = next((hook for kind, _, hook in registered(cluster).values()
+                 if kind == "MutatingWebhookConfiguration"), None)
+    if ours is None:
+        return []
+    spaces = [mapping(metadata(n).get("labels")) for n in cluster.namespaces] or [
+        {"kubernetes.io/metadata.name": "default"}]
+    return [str(labels.get("kubernetes.io/metadata.name", "")) for labels in spaces
+            if all(webhook_called(h, namespace_labels=labels, object_labels={}) for h in (hami, ours))]
+
+
 def hami_webhook(cluster: Cluster, settings: Settings) -> list[Finding]:
-    """HAMi's own admission webhook also admits Moore Threads pods: its memoryPerCard must cover every card
-    size the nodes report, or it refuses valid slices and fills whole cards short."""
+    """HAMi's own admission webhook also admits Moore Threads pods: registered for the same pods as this
+    webhook, both mutate them; kept, its memoryPerCard must cover every card size the nodes report, or it
+    refuses valid slices and fills whole cards short."""
     sizes = sorted({r.per_card for r in node_reports(cluster, settings.config)})
     found = []
     for kind, doc, hook in all_webhooks(cluster):
@@ -124,6 +145,16 @@ def hami_webhook(cluster: Cluster, settings: Settings) -> list[Finding]:
             continue
         ns, name = device_configmap(mapping(hook.get("clientConfig")))
         where = f"{kind} {name_of(doc)}"
+        shared = both_mutate(cluster, hook) if kind == "MutatingWebhookConfiguration" else []
+        if shared:
+            found.append(Finding("hami-webhook", where,
+                                 f"HAMi's webhook {HAMI_WEBHOOK} is registered for the same pods as this "
+                                 f"webhook (slice pods in {few(shared)}): both mutate each of them, HAMi's "
+                                 "patching limits only and checking memory against its own card size; set "
+                                 f"{HAMI_WEBHOOK_OFF} in HAMi's chart (helm upgrade hami <HAMi's chart> -n "
+                                 f"{ns} --reuse-values --set {HAMI_WEBHOOK_OFF}), or, if HAMi manages other "
+                                 "devices, keep it out of the namespaces of Moore Threads slice pods "
+                                 f"(scheduler.admissionWebhook.namespaceSelector) ({BESIDE_HAMI})"))
         configmap = next((c for c in cluster.configmaps if namespace_of(c) == ns and name_of(c) == name),
                          None)
         if configmap is None:

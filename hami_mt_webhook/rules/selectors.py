@@ -3,15 +3,15 @@
 A nodeSelector (or a label selector's matchLabels) is a map of labels to equal; a label selector adds
 matchExpressions; a node affinity term has matchExpressions on labels and matchFields on the node's name.
 Every expression is a requirement: a key, an operator and values. A requirement the API server would
-refuse matches nothing.
+refuse matches nothing. A webhook registration selects its requests with rules and both selectors.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["labels_match", "requirement", "selector_matches", "term_matches"]
+__all__ = ["labels_match", "requirement", "selector_matches", "term_matches", "webhook_called"]
 
 
 def labels_match(wanted: Mapping[Any, Any], labels: Mapping[str, Any]) -> bool:
@@ -75,3 +75,34 @@ def term_matches(name: str, labels: Mapping[str, Any], term: Mapping[str, Any]) 
         if not requirement({"metadata.name": name}, expr):
             return False
     return True
+
+
+def _names(rule: Mapping[str, Any], key: str, name: str) -> bool:
+    values = rule.get(key)
+    return isinstance(values, list) and ("*" in values or name in values)
+
+
+def webhook_called(hook: Mapping[str, Any], *, namespace_labels: Mapping[str, Any],
+                   object_labels: Mapping[str, Any], operation: str = "CREATE",
+                   condition: Callable[[str], bool] | None = None) -> bool:
+    """Whether kube-apiserver calls this webhook (one entry of a webhook configuration) for a namespaced pod
+    `operation` in a namespace with `namespace_labels` (which carry `kubernetes.io/metadata.name`).
+
+    Its rules, namespaceSelector and objectSelector are judged here; each matchCondition's expression goes
+    to `condition`, and without one a webhook with conditions counts as called (they may hold). Enough to
+    tell whether two webhooks both mutate the same pods."""
+    def pods(rule: Any) -> bool:
+        return isinstance(rule, Mapping) and all((
+            _names(rule, "apiGroups", ""), _names(rule, "apiVersions", "v1"),
+            _names(rule, "operations", operation), _names(rule, "resources", "pods"),
+            rule.get("scope", "*") in ("*", "Namespaced")))
+    rules = hook.get("rules")
+    if not isinstance(rules, list) or not any(pods(r) for r in rules):
+        return False
+    if not (selector_matches(hook.get("namespaceSelector"), namespace_labels)
+            and selector_matches(hook.get("objectSelector"), object_labels)):
+        return False
+    conditions = hook.get("matchConditions")
+    if condition is None or not isinstance(conditions, list):
+        return True
+    return all(condition(str(c.get("expression", ""))) for c in conditions if isinstance(c, Mapping))

@@ -195,6 +195,39 @@ def test_hami_webhook_with_an_unreadable_configuration_is_a_note():
     assert not f.action and "no permission to read it" in f.message and "96, 160" in f.message
 
 
+#: What HAMi's chart registers by default (charts/hami/templates/scheduler/webhook.yaml): every pod CREATE.
+HAMI_REACH = {"rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                         "resources": ["pods"], "scope": "*"}],
+              "namespaceSelector": {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn",
+                                                          "values": ["ignore"]}]}}
+
+
+def reaching(cluster: Cluster, **change) -> Cluster:
+    """HAMi's webhook as its chart registers it, covering every card size: only the double mutation is left."""
+    cluster = hami(cluster, "mthreads:\n  memoryPerCard: [96, 160]\n")
+    cluster.mutating[-1]["webhooks"][0].update({**HAMI_REACH, **change})
+    return cluster
+
+
+def test_hami_webhook_registered_for_the_same_pods_is_a_double_mutation():
+    f = only(reaching(clean()), "hami-webhook")
+    assert f.action and f.object == "MutatingWebhookConfiguration hami-webhook"
+    assert "registered for the same pods as this webhook (slice pods in team)" in f.message
+    assert "--set scheduler.admissionWebhook.enabled=false" in f.message and "-n kube-system" in f.message
+
+
+def test_hami_webhook_kept_away_from_the_slice_pods_namespaces_is_no_double_mutation():
+    away = {"namespaceSelector": {"matchLabels": {"devices": "nvidia"}}}
+    assert found(reaching(clean(), **away)) == []
+    assert found(reaching(clean(), rules=[{**HAMI_REACH["rules"][0], "operations": ["UPDATE"]}])) == []
+
+
+def test_a_double_mutation_needs_this_webhook_registered_too():
+    cluster = reaching(clean())
+    cluster.mutating = cluster.mutating[-1:]
+    assert "hami-webhook" not in [f.check for f in found(cluster)]
+
+
 def test_hami_memory_per_card_accepts_a_legacy_scalar():
     configmap = {"data": {"device-config.yaml": "mthreads:\n  memoryPerCard: 160\n"}}
     assert checks.hami_memory_per_card(configmap) == [160]

@@ -114,6 +114,10 @@ def test_the_vendors_scheduler_and_webhook(cp, hook, capsys):
     assert doctor(cp, capsys) == (0, [])
 
 
+#: HAMi's chart's selectors for its webhook, namespace and object alike.
+HAMI_SELECTOR = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+
+
 def hami_device_config(per_card: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "hami-scheduler-device", "namespace": "kube-system"},
@@ -141,6 +145,20 @@ def test_hamis_webhook_and_its_memory_per_card(cp, hook, capsys):
         assert "nodes report cards of 160 units" in line and "memoryPerCard to [96, 160]" in line
 
         kubectl_apply(cp, hami_device_config("[96, 160]"))
+        assert doctor(cp, capsys) == (0, [])
+
+        # Registered as HAMi's chart registers it (every pod outside `hami.io/webhook: ignore`): both
+        # webhooks mutate the same slice pods. No pod is created meanwhile, so nothing waits on its Service.
+        hami["webhooks"][0].update(objectSelector=HAMI_SELECTOR, namespaceSelector=HAMI_SELECTOR,
+                                   timeoutSeconds=1)
+        kubectl_apply(cp, hami)
+        code, found = doctor(cp, capsys)
+        assert code == 1
+        (line,) = lines(found, "hami-webhook")
+        assert "is registered for the same pods as this webhook (slice pods in default" in line
+        assert "--set scheduler.admissionWebhook.enabled=false" in line
+        hami["webhooks"][0].update(objectSelector=NOBODY_MATCHES)
+        kubectl_apply(cp, hami)
         assert doctor(cp, capsys) == (0, [])
 
         # Someone who may read what doctor needs, but not ConfigMaps: a note, not a failure.

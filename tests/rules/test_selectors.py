@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami_mt_webhook.rules.selectors import labels_match, requirement, selector_matches, term_matches
+from hami_mt_webhook.rules.selectors import labels_match, requirement, selector_matches, term_matches, webhook_called
 
 
 @pytest.mark.parametrize(("selector", "labels", "matches"), [
@@ -50,3 +50,47 @@ def test_a_term_is_all_its_requirements_and_fields_name_the_node():
     assert not term_matches("b", labels, both)
     assert not term_matches("b", labels, {})  # an empty term selects nothing
     assert not term_matches("b", labels, {"matchFields": [{"key": "spec.x", "operator": "Exists"}]})
+
+
+#: HAMi's webhook as its chart renders it by default: every pod CREATE outside `hami.io/webhook: ignore`.
+HAMI = {"name": "vgpu.hami.io",
+        "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
+                   "scope": "*"}],
+        "namespaceSelector": {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn",
+                                                    "values": ["ignore"]}]},
+        "objectSelector": {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn",
+                                                 "values": ["ignore"]}]}}
+ORDINARY = {"kubernetes.io/metadata.name": "default"}
+
+
+def called(hook, namespace=ORDINARY, labels=None, operation="CREATE", condition=None):
+    return webhook_called(hook, namespace_labels=namespace, object_labels=labels or {}, operation=operation,
+                          condition=condition)
+
+
+@pytest.mark.parametrize(("change", "namespace", "labels", "operation", "is_called"), [
+    ({}, ORDINARY, {}, "CREATE", True),
+    ({}, ORDINARY, {}, "UPDATE", False),
+    ({}, {**ORDINARY, "hami.io/webhook": "ignore"}, {}, "CREATE", False),
+    ({}, ORDINARY, {"hami.io/webhook": "ignore"}, "CREATE", False),
+    ({"rules": [{**HAMI["rules"][0], "operations": ["*"]}]}, ORDINARY, {}, "UPDATE", True),
+    ({"rules": [{**HAMI["rules"][0], "resources": ["pods/status"]}]}, ORDINARY, {}, "CREATE", False),
+    ({"rules": [{**HAMI["rules"][0], "apiGroups": ["apps"]}]}, ORDINARY, {}, "CREATE", False),
+    ({"rules": [{**HAMI["rules"][0], "scope": "Cluster"}]}, ORDINARY, {}, "CREATE", False),
+    ({"rules": None}, ORDINARY, {}, "CREATE", False),
+    ({"namespaceSelector": None, "objectSelector": None}, {}, {"hami.io/webhook": "ignore"}, "CREATE", True),
+    ({"namespaceSelector": {"matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                                                  "values": ["default"]}]}}, ORDINARY, {}, "CREATE", False),
+])
+def test_webhook_called_judges_rules_and_both_selectors(change, namespace, labels, operation, is_called):
+    assert called({**HAMI, **change}, namespace, labels, operation) is is_called
+
+
+def test_webhook_called_asks_each_match_condition_and_counts_unjudged_ones_as_holding():
+    hook = {**HAMI, "matchConditions": [{"name": "a", "expression": "first"},
+                                        {"name": "b", "expression": "second"}]}
+    asked: list[str] = []
+    assert called(hook, condition=lambda e: asked.append(e) or True) is True
+    assert asked == ["first", "second"]
+    assert called(hook, condition=lambda e: e == "first") is False
+    assert called(hook) is True  # nothing to judge CEL with: it may be called
