@@ -91,6 +91,14 @@ def served_expiries(cluster: Cluster) -> dict[str, float]:
     return out
 
 
+def issued_by_cert_manager(cluster: Cluster) -> bool:
+    """Secret hami-mt-webhook-tls written by cert-manager for the serving Certificate (cainjector reads its
+    ca.crt only then); False while it is the chart's own, or gone for a moment as Helm removes that one."""
+    done = cluster.kubectl("get", "secret", SECRET, "-n", NAMESPACE, "-o",
+                           r"jsonpath={.metadata.annotations.cert-manager\.io/certificate-name}", check=False)
+    return done.returncode == 0 and done.stdout.strip() == SERVING
+
+
 def restarts(cluster: Cluster) -> dict[str, int]:
     return {str(p["metadata"]["name"]): sum(c["restartCount"] for c in p["status"]["containerStatuses"])  # type: ignore
             for p in replicas(cluster)}
@@ -165,9 +173,45 @@ def rotate_root(cluster: Cluster, say: Callable[[str], None]) -> None:
     say(f"root rotation: the new root alone in every caBundle {seconds:.1f} s after removing the old one")
 
 
+def move_to_cert_manager(cluster: Cluster, say: Callable[[str], None]) -> None:
+    """docs/upgrading.md, "to cert-manager" step by step, on a release installed with the chart's own CA."""
+    old = secret_certificate(cluster, SECRET, "ca.crt")
+    started = time.monotonic()
+    upgrade(cluster, "certManager.enabled=true")                        # 1. the chart's CA kept in the caBundle
+    say(f"to cert-manager: helm upgrade --set certManager.enabled=true {time.monotonic() - started:.1f} s")
+    seconds = wait_until("Secret hami-mt-webhook-tls issued by cert-manager",
+                         lambda: issued_by_cert_manager(cluster), 120)
+    root, serving = secret_certificate(cluster, ROOT), secret_certificate(cluster, SECRET)
+    say(f"to cert-manager: the serving certificate issued from the root {seconds:.1f} s after the upgrade")
+    both = {old.serial_number, root.serial_number}
+    seconds = wait_until("every caBundle holding the chart's CA and the root", lambda: all(
+        {c.serial_number for c in certs} >= both for certs in ca_bundles(cluster).values()), 60)
+    say(f"to cert-manager: both CAs in every caBundle {seconds:.1f} s after the issuance")
+    say(f"to cert-manager: every replica serving cert-manager's certificate {wait_served(cluster, serving):.0f} s "
+        "after its issuance")                                           # 2. served everywhere
+    drop_old_roots(cluster, root)                                       # 3. the chart's CA out
+    seconds = wait_until("every caBundle holding the root alone", lambda: all(
+        [c.serial_number for c in certs] == [root.serial_number] for certs in ca_bundles(cluster).values()), 60)
+    say(f"to cert-manager: the root alone in every caBundle {seconds:.1f} s after removing the chart's CA; "
+        f"{time.monotonic() - started:.0f} s from the upgrade")
+
+
+def count_move_to_cert_manager(cluster: Cluster, lt: LoopThread) -> Counted:
+    """move_to_cert_manager under slice-pod traffic; the replicas' restarts must not change."""
+    counted = Counted("certManager.enabled false -> true")
+    before = restarts(cluster)
+    with traffic(cluster, lt, "to-cert-manager", counted):
+        time.sleep(2)
+        move_to_cert_manager(cluster, counted.steps.append)
+    if restarts(cluster) != before:
+        raise RenewalError(f"replicas restarted: {before} -> {restarts(cluster)}")
+    return counted
+
+
 def drop_old_roots(cluster: Cluster, root: x509.Certificate) -> None:
-    """Each webhook's caBundle set to `root` alone (docs/operating.md, step 4): one JSON patch per
-    configuration, so the API server never sees a configuration without a caBundle."""
+    """Each webhook's caBundle set to `root` alone (docs/operating.md, step 4; the chart's own CA after the
+    move to cert-manager): one JSON patch per configuration, so the API server never sees a configuration
+    without a caBundle."""
     value = base64.b64encode(root.public_bytes(Encoding.PEM)).decode()
     for kind, name in CONFIGURATIONS:
         hooks = json.loads(cluster.kubectl("get", kind, name, "-o", "json").stdout)["webhooks"]

@@ -1,9 +1,9 @@
 """The cert-manager tier: cert-manager installed from its own Helm chart on one real node (kubelet,
 containerd), its controller, webhook and cainjector built here from the Go module proxy as images FROM
-scratch (`devtools.certmanager`), then this webhook's chart with `certManager.enabled=true`, its certificate
-renewed and its root rotated under slice-pod traffic (`devtools.renewals`). Root and minutes, so it runs only
-when asked: `pytest -m certmanager` (`make test-certmanager`, and in `make test`). What it measured is printed
-at the end of the run."""
+scratch (`devtools.certmanager`), then this webhook's chart with its own CA, moved to
+`certManager.enabled=true` on the live release, its certificate renewed and its root rotated, all under
+slice-pod traffic (`devtools.renewals`). Root and minutes, so it runs only when asked: `pytest -m certmanager`
+(`make test-certmanager`, and in `make test`). What it measured is printed at the end of the run."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from devtools import certmanager, image, local
+from devtools import certmanager, image, local, renewals
 from devtools.binaries import ControlPlaneError
 from devtools.nodes import Cluster
+from devtools.traffic import LoopThread
 from tests.tiers import only_when_selected, report_measured
 
 DIR = Path(__file__).resolve().parent
@@ -60,12 +61,28 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def chart(cluster: Cluster) -> Cluster:
-    """The chart with `certManager.enabled=true`, as the README says: 3 replicas Ready on the certificate
-    cert-manager issued from the chart's root."""
+def moved(cluster: Cluster) -> renewals.Counted:
+    """The chart installed with its own CA (certManager.enabled=false), then moved to cert-manager on the live
+    release as docs/upgrading.md, "to cert-manager" says, under slice-pod traffic: what happened to each pod."""
     try:
-        seconds = local.install_chart_on_node(cluster, values=["certManager.enabled=true"])
+        seconds = local.install_chart_on_node(cluster)
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
-    MEASURED.append(f"helm install with certManager.enabled=true to 3 replicas Ready: {seconds:.1f} s")
+    MEASURED.append(f"helm install with the chart's own CA to 3 replicas Ready: {seconds:.1f} s")
+    lt = LoopThread()
+    try:
+        counted = renewals.count_move_to_cert_manager(cluster, lt)
+    except (renewals.RenewalError, RuntimeError) as e:
+        pytest.fail(str(e), pytrace=False)
+    finally:
+        lt.close()
+    MEASURED.append(counted.line())
+    MEASURED.extend(counted.steps)
+    return counted
+
+
+@pytest.fixture(scope="session")
+def chart(cluster: Cluster, moved: renewals.Counted) -> Cluster:
+    """The chart with `certManager.enabled=true`, reached from its own CA on the live release (`moved`):
+    3 replicas serving the certificate cert-manager issued from the chart's root."""
     return cluster

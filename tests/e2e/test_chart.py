@@ -50,13 +50,14 @@ SERVICE_MONITOR_API = "monitoring.coreos.com/v1/ServiceMonitor"
 PROMETHEUS_RULE_API = monitoring.RULE_API
 
 
-def operator_crd(kind: str) -> dict[str, Any]:
-    """Just enough of a Prometheus operator CRD for the API server to serve `kind`."""
+def operator_crd(kind: str, group: str = "monitoring.coreos.com") -> dict[str, Any]:
+    """Just enough of a Prometheus operator CRD (or another operator's: `group`) for the API server to serve
+    `kind`."""
     plural = kind.lower() + "s"
     return {
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.monitoring.coreos.com"},
-        "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {"group": group, "scope": "Namespaced",
                  "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
                  "versions": [{"name": "v1", "served": True, "storage": True,
                                "schema": {"openAPIV3Schema": {"type": "object",
@@ -639,6 +640,25 @@ class TestLifecycle:
         assert {w["clientConfig"]["caBundle"] for kind, name in CONFIGS
                 for w in find(docs, kind, name)["webhooks"]} == {secret["ca.crt"]}
         assert create(cluster, pod("after-upgrade", {"mthreads.com/vgpu": 1})).returncode == 0
+
+    def test_cert_manager_render_keeps_each_live_ca_bundle(self, cluster: ControlPlane,
+                                                           local_hook: LocalWebhook) -> None:
+        """certManager.enabled=true on the live release renders each webhook's caBundle as it is now (`lookup`),
+        so the upgrade never drops the bundle before cainjector injects (docs/upgrading.md, "to cert-manager")."""
+        for kind in ("Certificate", "Issuer"):  # what the render is checked against (kinds, not cert-manager)
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(operator_crd(kind, "cert-manager.io")))
+        cluster.kubectl("wait", "--for=condition=Established", "crd/certificates.cert-manager.io",
+                        "crd/issuers.cert-manager.io")
+        live = bundles(cluster)
+        out = helm("template", RELEASE, str(CHART), "--namespace", NS, "--dry-run=server",
+                   "--set", f"development.webhookURL={local_hook.url}", "--set", "certManager.enabled=true",
+                   kubeconfig=cluster.kubeconfig).stdout
+        docs = [d for d in yaml.safe_load_all(out) if d]
+        assert {f"{kind}/{name}/{w['name']}": w["clientConfig"]["caBundle"] for kind, name in CONFIGS
+                for w in find(docs, kind, name)["webhooks"]} == live
+        assert all(find(docs, kind, name)["metadata"]["annotations"] == {
+            "cert-manager.io/inject-ca-from": f"{NS}/hami-mt-webhook"} for kind, name in CONFIGS)
+        assert ("Secret", SECRET) not in kinds(docs)
 
     def test_uninstall_leaves_nothing_that_blocks_pods(self, cluster: ControlPlane, local_hook: LocalWebhook) -> None:
         helm("uninstall", RELEASE, "--namespace", NS, kubeconfig=cluster.kubeconfig)

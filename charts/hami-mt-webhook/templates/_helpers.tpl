@@ -180,6 +180,41 @@ Returns a dict as JSON: caCert, cert, key (base64 PEM).
 {{- toJson (get .Values "__hmwTLS") -}}
 {{- end -}}
 
+{{/* Where a webhook is called: the development URL plus the path, or the Service's path. Call as hmw.clientConfig. */}}
+{{- define "hmw.endpoint" -}}
+{{- with .root.Values.development.webhookURL }}{{ printf "%s%s" (trimSuffix "/" .) $.path }}{{ else }}{{ .path }}{{ end -}}
+{{- end -}}
+
+{{/*
+With cert-manager: the caBundle each of this release's webhooks holds now, by endpoint (hmw.endpoint), read
+with `lookup` and memoized like hmw.tls. Rendered back unchanged, so an upgrade never drops the bundle before
+cainjector injects, nor fights it over the value (Helm 3's three-way patch, Helm 4's server-side apply): on
+the move from the chart's own CA to cert-manager the chart's CA stays trusted while cainjector adds the root
+beside it (cainjector merges since cert-manager 1.19), until the old CA is removed by hand
+(docs/upgrading.md, "to cert-manager"). Empty where `lookup` cannot reach the cluster, and on a first install.
+*/}}
+{{- define "hmw.liveBundles" -}}
+{{- if not (hasKey .Values "__hmwLiveBundles") -}}
+{{- $out := dict -}}
+{{- $name := include "hmw.name" . -}}
+{{- $configs := list (list "MutatingWebhookConfiguration" $name) (list "MutatingWebhookConfiguration" (printf "%s-warn" $name))
+      (list "ValidatingWebhookConfiguration" $name) (list "ValidatingWebhookConfiguration" (printf "%s-warn" $name))
+      (list "ValidatingWebhookConfiguration" (printf "%s-workloads" $name))
+      (list "ValidatingWebhookConfiguration" "hami-mt-annotation-guard") -}}
+{{- range $configs -}}
+{{- $config := lookup "admissionregistration.k8s.io/v1" (index . 0) "" (index . 1) | default dict -}}
+{{- range (get $config "webhooks" | default list) -}}
+{{- $cc := get . "clientConfig" | default dict -}}
+{{- $key := get $cc "url" | default (get (get $cc "service" | default dict) "path") -}}
+{{- $bundle := get $cc "caBundle" -}}
+{{- if and $key $bundle (not (hasKey $out $key)) }}{{ $_ := set $out $key $bundle }}{{ end -}}
+{{- end -}}
+{{- end -}}
+{{- $_ := set .Values "__hmwLiveBundles" $out -}}
+{{- end -}}
+{{- toJson (get .Values "__hmwLiveBundles") -}}
+{{- end -}}
+
 {{/* A webhook's clientConfig: the Service, or the development URL. Call with (dict "root" $ "path" "/mutate-pods"). */}}
 {{- define "hmw.clientConfig" -}}
 {{- $root := .root -}}
@@ -197,6 +232,10 @@ service:
 caBundle: {{ $dev.caBundle | default (include "hmw.tls" $root | fromJson).caCert }}
 {{- else if $dev.caBundle }}
 caBundle: {{ $dev.caBundle }}
+{{- else }}
+{{- with get (include "hmw.liveBundles" $root | fromJson) (include "hmw.endpoint" .) }}
+caBundle: {{ . }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
