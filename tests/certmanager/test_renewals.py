@@ -5,18 +5,19 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from devtools import renewals
+from devtools import local, renewals
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread
 from hami_mt_webhook.doctor.serving import signs
 
 from .conftest import MEASURED
 
-ROOT_DIR = renewals.local.CHART.parent.parent
+ROOT_DIR = local.CHART.parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -58,3 +59,30 @@ def test_three_renewals_and_a_root_rotation_refuse_no_pod(chart: Cluster, lt: Lo
     MEASURED.extend(counted.steps)
     assert counted.created > 1000
     assert counted.refused == []
+
+
+def test_a_fresh_install_with_cert_manager_admits_from_its_first_replica(chart: Cluster, lt: LoopThread) -> None:
+    """The README's install with `certManager.enabled=true` on a cluster without the chart: cainjector fills
+    every caBundle from the first render (none is rendered), and slice pods are admitted once the replicas are
+    Ready. Last in the tier: it removes the release the renewals ran on."""
+    cp = chart.controlplane
+    local.helm(cp, "uninstall", local.RELEASE, "-n", renewals.NAMESPACE, "--wait", "--timeout", "120s")
+    # cert-manager leaves the Secrets it wrote; a cluster that never had the chart has none
+    chart.kubectl("delete", "secret", "-n", renewals.NAMESPACE, renewals.SECRET, renewals.ROOT,
+                  "--ignore-not-found")
+    started = time.monotonic()
+    local.helm(cp, "install", local.RELEASE, str(local.CHART), "-n", renewals.NAMESPACE,
+               "--set", f"image.repository={local.NODE_IMAGE_REPOSITORY}", "--set", "certManager.enabled=true")
+    renewals.wait_until("3 replicas Ready", lambda: local.ready_replicas(chart) == 3, 180)
+    ready = time.monotonic() - started
+    root = renewals.secret_certificate(chart, renewals.ROOT)
+    renewals.wait_until("the root alone in every caBundle", lambda: all(
+        b == [root] for b in renewals.ca_bundles(chart).values()), 60)
+    assert signs(root, renewals.secret_certificate(chart, renewals.SECRET))
+    counted = renewals.Counted("fresh install with certManager.enabled=true")
+    with renewals.traffic(chart, lt, "fresh-install", counted):
+        time.sleep(10)
+    MEASURED.append(f"helm install with certManager.enabled=true to 3 replicas Ready: {ready:.1f} s")
+    MEASURED.append(counted.line())
+    assert counted.refused == []
+    assert counted.created >= 200
