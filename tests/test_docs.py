@@ -275,6 +275,35 @@ def test_docs_name_the_number_of_webhook_configurations_an_install_creates(base_
     assert not wrong, f"the install creates {base_configurations} webhook configurations; docs say {sorted(wrong)}"
 
 
+ADMISSION_KINDS = {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                   "ValidatingAdmissionPolicyBinding"}
+
+
+def deleted(markdown: str) -> set[tuple[str, str]]:
+    """(kind in lower case, name) of every `kubectl delete <kind> <name>...` in code."""
+    gone = set()
+    for text in code(markdown):
+        for found in re.finditer(r"kubectl delete ([a-z]+)((?:\s+[a-z0-9-]+)+)", text):
+            gone.update((found[1], name) for name in found[2].split() if not name.startswith("-"))
+    return gone
+
+
+def test_going_back_deletes_every_admission_object_before_the_deployment(tmp_path: Path) -> None:
+    """docs/migration.md's "Going back": every webhook configuration, policy and binding the base installs,
+    with any component (the warn copies, the guard as a webhook), so none is left to refuse pods."""
+    from tests.manifests.support import KUBECTL, with_components
+
+    if KUBECTL is None:
+        pytest.skip("no kubectl on PATH")
+    section = _section((ROOT / "docs" / "migration.md").read_text(), "Going back")
+    installed = {(d["kind"].lower(), d["metadata"]["name"])
+                 for docs in (with_components(tmp_path / "a", "warn"), with_components(tmp_path / "b", "guard-webhook"))
+                 for d in docs if d["kind"] in ADMISSION_KINDS}
+    assert len(installed) >= 10
+    assert installed - deleted(section) == set(), "Going back leaves these installed"
+    assert section.index("kubectl delete mutatingwebhookconfiguration") < section.index("helm uninstall")
+
+
 @pytest.mark.e2e
 def test_the_chart_creates_as_many_webhook_configurations_as_the_base(base_configurations: int) -> None:
     from devtools.binaries import binaries
