@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from devtools import image, local, oci, release, wheel
@@ -193,23 +192,24 @@ def test_python_package_is_summed_and_signed(published: Published) -> None:
         assert published.cosign(blob[0], "--key", str(other), *blob[1:], check=False).returncode != 0, name
 
 
-@pytest.mark.parametrize("kind", ["-cp3", "-py3-none-any"])
-def test_wheel_installs_with_the_doctor_extra(published: Published, tmp_path: Path, kind: str) -> None:
-    """Each wheel, as the README says to install it: into a clean virtualenv with [doctor], `doctor --help`
-    answering; pip prefers the compiled wheel where it runs, the pure one everywhere else."""
-    (name,) = (n for n in published.made["python"] if kind in n)
+def test_wheel_installs_with_the_doctor_extra(published: Published, tmp_path: Path) -> None:
+    """The pure wheel as the README says to install it: into a clean virtualenv with [doctor], `doctor --help`
+    answering. The compiled one carries the rules as extension modules (the e2e tier runs a wheel built so)."""
+    names = published.made["python"]
+    (pure,) = (n for n in names if n.endswith("-py3-none-any.whl"))
+    (compiled,) = (n for n in names if "-cp3" in n)
+    assert not any(f.endswith(".so") for f in wheel.contents(published.dist / pure))
+    assert any(f.startswith("hami_mt_webhook/rules/pods.") and f.endswith(".so")
+               for f in wheel.contents(published.dist / compiled))
     python = wheel.bare_python(tmp_path / "venv")
     started = time.monotonic()
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                    f"{published.dist / name}[doctor]"], check=True, capture_output=True, timeout=600)
-    MEASURED.append(f"pip install {name}[doctor] into a clean virtualenv: {time.monotonic() - started:.0f} s")
+                    f"{published.dist / pure}[doctor]"], check=True, capture_output=True, timeout=600)
+    MEASURED.append(f"pip install {pure}[doctor] into a clean virtualenv: {time.monotonic() - started:.0f} s")
     done = subprocess.run([str(tmp_path / "venv" / "bin" / "hami-mt-webhook"), "doctor", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "--kubeconfig" in done.stdout
-    compiled = subprocess.run([str(python), "-c", "import hami_mt_webhook.rules.pods as m; print(m.__file__)"],
-                              capture_output=True, text=True, check=True, cwd=tmp_path).stdout.strip()
-    assert compiled.endswith(".so") == (kind == "-cp3"), compiled
 
 
 def test_arm64_image_reviews_examples_as_amd64_does(published: Published) -> None:
