@@ -326,6 +326,30 @@ def test_metrics_table_lists_every_registered_metric() -> None:
     assert documented - registered == set(), "in docs/operating.md's Metrics table but not registered"
 
 
+def heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings (lower case, punctuation dropped, spaces as `-`)."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+)$", re.sub(r"^```.*?^```", "", markdown, flags=re.M | re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        anchors.add(next(f"{slug}-{n}" if n else slug for n in range(len(anchors) + 1)
+                         if (f"{slug}-{n}" if n else slug) not in anchors))  # a repeat gets -1, -2, ...
+    return anchors
+
+def test_links_to_a_section_find_it() -> None:
+    """A figure moved to docs/PERFORMANCE.md is reached by a link to its section: every `[...](file.md#x)`
+    and `[...](#x)` in the docs names a heading that exists."""
+    wrong = []
+    for doc in DOCS:
+        for target, name in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", doc.read_text()):
+            path = (doc.parent / target).resolve() if target else doc
+            if path.suffix == ".md" and path.exists() and name not in heading_anchors(path.read_text()):
+                wrong.append(f"{doc.relative_to(ROOT)}: {target}#{name}")
+    assert not wrong, wrong
+    assert {"builds-the-image-and-make-test-on-2-cores", "1-loopback-https-the-webhook-beside-a-bare-aiohttp-tls-server"
+            } <= heading_anchors((ROOT / "docs" / "PERFORMANCE.md").read_text())
+    assert "no-such-section" not in heading_anchors((ROOT / "docs" / "PERFORMANCE.md").read_text())
+
+
 # --- each checker catches a planted wrong name ----------------------------------------------------------
 
 PLANTED = """Run `make tset` or:
