@@ -131,7 +131,7 @@ def make_targets_named(markdown: str) -> set[str]:
                     skip = False
                 elif word in ("-C", "-f", "-j", "-o", "-W"):
                     skip = True
-                elif not word.startswith("-") and "=" not in word and re.fullmatch(r"[a-z][a-z0-9-]*", word):
+                elif not word.startswith("-") and "=" not in word and re.fullmatch(r"[a-z][\w.-]*", word):
                     named.add(word)
     return named
 
