@@ -4,9 +4,16 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
+.PHONY: help setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
 	image-tools node-tools controlplane controlplane-floor certs clean \
 	kube-network-policies netpol-tools netpol-proof
+
+# A bare `make` lists the targets (each line `target: ... ## what it does`) instead of building anything.
+.DEFAULT_GOAL := help
+help:  ## this list (the default goal): every target and what it does
+	@echo "usage: make TARGET [VAR=value ...]   (README.md: start with make run, then make test)"
+	@sed -nE 's/^([a-zA-Z0-9_-]+):[^#=]*## *(.*)/\1\t\2/p' $(firstword $(MAKEFILE_LIST)) | \
+	  awk -F'\t' '{ printf "  %-22s %s\n", $$1, $$2 }'
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -15,7 +22,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	HAMI_MT_PURE_PYTHON=1 PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install -q -e '.[test,doctor]'
 	touch $@
 
-setup: $(VENV)/.installed
+setup: $(VENV)/.installed  ## the dev virtualenv in .venv: the checkout as pure Python, with test and doctor extras
 
 # The Kubernetes version of `make run` and `make test-e2e`: newest, floor, 1.MINOR or 1.MINOR.PATCH.
 KUBE_VERSION ?= newest
@@ -62,7 +69,7 @@ lint: setup  ## ruff, mypy (strict for rules and admission), the import-linter l
 # prometheus and promtool (Debian package prometheus, without the node exporter it recommends): the alerts'
 # tests and `make run PROMETHEUS=1`, which start their own on loopback. On a host booted with systemd the
 # package also enables its own prometheus.service (port 9090): `systemctl disable --now prometheus` if unwanted.
-prometheus:
+prometheus:  ## prometheus and promtool (Debian package; installed when root with apt-get)
 	@command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get install -y --no-install-recommends prometheus || \
@@ -72,13 +79,13 @@ prometheus:
 	         "install Debian's package prometheus, or put both on PATH" >&2; exit 1; \
 	  fi; }
 
-test-unit: setup prometheus
+test-unit: setup prometheus  ## the unit tests (pytest -m "not e2e"): no control plane
 	$(PY) -m pytest -q -m "not e2e"
 
-test-e2e: setup controlplane prometheus
+test-e2e: setup controlplane prometheus  ## the e2e tier against a real kube-apiserver and etcd (KUBE_VERSION as above)
 	$(PY) -m pytest -q -m e2e
 
-test-e2e-floor: setup controlplane-floor prometheus
+test-e2e-floor: setup controlplane-floor prometheus  ## the same on the oldest Kubernetes the chart accepts
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 
 # Where the Dockerfile's python:3.11 bases come from when local storage lacks them: auto (a pull, else
@@ -188,7 +195,7 @@ DIST ?= dist
 SOURCE ?=
 
 # skopeo (the index's digests, the offline archives): a Debian package
-release-image-tools:
+release-image-tools:  ## skopeo (Debian package; installed when root with apt-get)
 	$(call apt_packages,skopeo:/usr/bin/skopeo,Debian package; make release needs it)
 
 release: setup controlplane image-tools release-image-tools release-tools  ## make release REGISTRY=host[:port][/path] COSIGN_KEY=cosign.key [VERSION=x.y.z] [PLAIN_HTTP=1]
@@ -198,7 +205,7 @@ release: setup controlplane image-tools release-image-tools release-tools  ## ma
 # The release tier's own tools: a registry (Debian's docker-registry, run on a test address with a config of
 # its own; on a host booted with systemd the package also enables docker-registry.service on :5000:
 # `systemctl disable --now docker-registry` if unwanted) and qemu-user-static, which runs the arm64 image.
-release-test-tools: release-image-tools
+release-test-tools: release-image-tools  ## docker-registry and qemu-user-static for the release tier (Debian packages)
 	$(call apt_packages,docker-registry:/usr/bin/docker-registry qemu-user-static:/usr/bin/qemu-aarch64-static,Debian packages; the release tier needs them)
 
 # The release tier (tests/release): make release to a registry inside the node tier's fabric, the chart
@@ -254,8 +261,8 @@ wrk:  ## the load generator of `make bench` (Debian package wrk; installed when 
 bench: setup controlplane wrk  ## figures, not a test: make bench BENCH_ARGS="--quick" or "--write docs/PERFORMANCE.md"
 	$(PY) -m devtools.bench $(BENCH_ARGS)
 
-certs: setup
+certs: setup  ## a CA, the serving certificate and webhook configurations with caBundle, into certs/
 	$(VENV)/bin/hami-mt-webhook certs --dir certs
 
-clean:
+clean:  ## remove the virtualenv and the tools' caches in the tree
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .import_linter_cache

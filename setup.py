@@ -1,7 +1,7 @@
 """The build: pyproject.toml holds the metadata; this compiles the rules (`hami_mt_webhook/rules`) with mypyc.
 
 The rules are pure, strictly typed Python, and a review spends most of its time in them; compiled, a review
-costs about half (docs/PERFORMANCE.md, "The rules, compiled"). The wheel and the image are built this way.
+costs less (docs/PERFORMANCE.md, "Issue 24", part 3: the figures). The wheel and the image are built this way.
 `HAMI_MT_PURE_PYTHON=1` builds without compiling: `make setup` installs the development checkout so, where an
 edited rule must take effect at once and a compiled module left from before would hide it.
 """

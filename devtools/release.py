@@ -15,6 +15,10 @@ What `dist/` holds, and what the release notes say to check first:
     hami-mt-webhook-X.Y.Z.tgz                   the chart, its default image pinned by the index's digest
     hami-mt-webhook-X.Y.Z-linux-<arch>.oci.tar  each architecture's image (an OCI archive, digest kept)
     hami-mt-webhook-X.Y.Z-linux-<arch>.cdx.json each image's SBOM (CycloneDX), as attested
+    hami_mt_webhook-X.Y.Z-*.whl, .tar.gz       the Python package (`pip install '<wheel>[doctor]'`): the
+                                                wheel with compiled rules for this machine's CPython, a
+                                                pure py3-none-any one for any other, the sdist; each with
+                                                cosign's signature beside it (`<file>.sig`)
     release.json                                registry, version, digests: what the tests read
     RELEASE-NOTES.md                            CHANGELOG.md's section, the digests, how to verify
     cosign.pub                                  the key that verifies everything above
@@ -36,7 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devtools import changelog, image, oci
+from devtools import changelog, image, oci, wheel
 from devtools.binaries import REPO_ROOT, binaries
 from hami_mt_webhook import __version__
 
@@ -70,6 +74,7 @@ class Release:
     chart: str = ""
     chart_digest: str = ""
     sizes_mb: dict[str, float] = field(default_factory=dict)
+    python: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
     def ref(self, digest: str) -> str:
@@ -272,6 +277,18 @@ def sign(rel: Release, key: Path, sboms: Mapping[str, Path], tools: Tools) -> No
                              "--predicate", str(sbom))
 
 
+def package_python(rel: Release, dist: Path, key: Path, tools: Tools) -> list[Path]:
+    """The Python package as users build it (pip and `python -m build`, each in a virtualenv holding nothing
+    else): the wheel with the rules compiled, a pure one for other platforms, and the sdist; each signed by
+    key, its signature `<file>.sig` beside it."""
+    built = [wheel.build(dist), wheel.build(dist, pure=True), wheel.build_sdist(dist)]
+    for path in built:
+        tools.cosign("sign-blob", "--key", str(key), "--tlog-upload=false", "--yes", "--output-signature",
+                     f"{path}.sig", str(path), registry=False)
+    rel.python = [p.name for p in built]
+    return built
+
+
 def notes(rel: Release, section: str) -> str:
     """The release notes: CHANGELOG.md's section, then what was published and how to check it."""
     image_ref = rel.ref(rel.index_digest)
@@ -292,6 +309,12 @@ def notes(rel: Release, section: str) -> str:
               f"`skopeo copy --preserve-digests oci-archive:{NAME}-{rel.version}-linux-<arch>.oci.tar "
               f"docker://<mirror>/{NAME}:{rel.version}` and install the chart with "
               "`--set image.registry=<mirror> --set image.digest=<that architecture's digest>`.", ""]
+    if rel.python:
+        lines += ["## The command line (`doctor`, `review`, `certs`)", "",
+                  "```sh", f"cosign verify-blob --key cosign.pub --insecure-ignore-tlog "
+                  f"--signature {rel.python[0]}.sig {rel.python[0]}",
+                  f"pip install '{rel.python[0]}[doctor]'  # pip picks the wheel this machine can run", "```",
+                  "", "Files: " + ", ".join(f"`{name}`" for name in rel.python) + ".", ""]
     return "\n".join(lines)
 
 
@@ -340,6 +363,8 @@ def release(registry: str, key: str | None, version: str = __version__, dist: Pa
     push_chart(rel, package_chart(rel, dist, tools), tools)
     say(f"pushed oci://{rel.chart}:{version}@{rel.chart_digest}")
     sign(rel, key_path, sboms, tools)
+    package_python(rel, dist, key_path, tools)
+    say(f"built and signed {', '.join(rel.python)}")
     finish_dist(rel, dist, key_path, tools)
     say(f"signed the index, its images and the chart; SBOMs attested; {dist} ready")
     return rel

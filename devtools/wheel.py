@@ -43,18 +43,21 @@ class Installed:
         return self.root / "bin" / "hami-mt-webhook"
 
 
+#: setup.py compiles the rules with mypyc unless this is "1".
+PURE_ENV = "HAMI_MT_PURE_PYTHON"
 #: What the Dockerfile copies before `pip wheel .`: the wheel is built from these alone.
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "hami_mt_webhook")
 
 
-def build(dest: Path, *, beside: tuple[str, ...] = ()) -> Path:
+def build(dest: Path, *, beside: tuple[str, ...] = (), pure: bool = False) -> Path:
     """Build the wheel into `dest` from a copy of `SOURCES` with the pip of a new virtualenv holding nothing
     but pip, as the image's build stage and `pip install` of an sdist do, and return its path.
 
     `beside` installs those packages into that virtualenv first: the build must not depend on what else
     is installed (mypy, inside pip's isolated build, looks at the interpreter's own site-packages). Not
     from the tree itself: setuptools keeps a `build/` directory beside the sources, and a module deleted
-    since the last build would still be packed from there.
+    since the last build would still be packed from there. `pure`: the rules left uncompiled
+    (`HAMI_MT_PURE_PYTHON=1`), a `py3-none-any` wheel for any platform and Python.
     """
     dest.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="hami-mt-wheel-") as tmp:
@@ -62,8 +65,9 @@ def build(dest: Path, *, beside: tuple[str, ...] = ()) -> Path:
         python = bare_python(Path(tmp) / "venv")
         if beside:
             _run([str(python), "-m", "pip", "install", "--quiet", *beside])
-        _run([str(python), "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(src)])
-    return _one(dest, "hami_mt_webhook-*.whl")
+        _run([str(python), "-m", "pip", "wheel", "--no-deps", "--quiet", "--wheel-dir", str(dest), str(src)],
+             env={PURE_ENV: "1" if pure else "0"})
+    return _one(dest, "hami_mt_webhook-*-none-any.whl" if pure else "hami_mt_webhook-*-cp*.whl")
 
 
 def build_sdist(dest: Path) -> Path:
@@ -158,9 +162,9 @@ def contents(wheel: Path) -> list[str]:
 _LEAKS = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "VIRTUAL_ENV")
 
 
-def _run(cmd: list[str]) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in _LEAKS} | {"PYTHONNOUSERSITE": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT.parent, env=env)
+def _run(cmd: list[str], env: dict[str, str] | None = None) -> None:
+    clean = {k: v for k, v in os.environ.items() if k not in _LEAKS} | {"PYTHONNOUSERSITE": "1"} | (env or {})
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT.parent, env=clean)
     if proc.returncode:
         output = proc.stdout[-2000:] + proc.stderr[-4000:]
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{output}")

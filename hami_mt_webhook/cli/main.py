@@ -22,6 +22,8 @@ __all__ = ["main"]
 
 #: What the `doctor` extra installs (the Kubernetes client and its HTTP library); the image leaves them out.
 DOCTOR_EXTRA = ("kubernetes", "urllib3")
+#: What `make release` ships for any platform, installable with the extra (README, "Check a live cluster").
+DOCTOR_WHEEL = f"hami_mt_webhook-{__version__}-py3-none-any.whl"
 
 
 def _flag(group: argparse._ActionsContainer, setting: Setting, default: str | None) -> None:
@@ -142,8 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             except ImportError as err:  # the image, or a plain `pip install`: no Kubernetes client
                 if (err.name or "").partition(".")[0] not in DOCTOR_EXTRA:
                     raise
-                print("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: "
-                      "pip install 'hami-mt-webhook[doctor]'", file=sys.stderr)
+                print("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: pip install "
+                      f"'{DOCTOR_WHEEL}[doctor]' (the release's wheel), or '.[doctor]' in a checkout",
+                      file=sys.stderr)
                 return 2
             if args.pending_minutes < 0:
                 raise ValueError(f"--pending-minutes must not be negative, got {args.pending_minutes:g}")

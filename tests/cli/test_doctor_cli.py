@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hami_mt_webhook import __version__
 from hami_mt_webhook.cli import main as cli
 
 
@@ -65,5 +66,6 @@ def test_without_the_doctor_extra(monkeypatch, capsys):
     assert cli.main(["doctor"]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err
-    assert err == ("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: "
-                   "pip install 'hami-mt-webhook[doctor]'")
+    assert err == ("hami-mt-webhook doctor: needs the Kubernetes client, not installed here: pip install "
+                   f"'hami_mt_webhook-{__version__}-py3-none-any.whl[doctor]' (the release's wheel), or "
+                   "'.[doctor]' in a checkout")

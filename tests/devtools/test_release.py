@@ -84,6 +84,18 @@ def test_notes_name_every_digest_and_how_to_verify() -> None:
     assert "helm install hami-mt-webhook oci://r.example/charts/hami-mt-webhook --version 0.1.0" in text
 
 
+def test_notes_say_how_to_verify_and_install_the_python_package() -> None:
+    rel = release.Release(version="0.1.0", registry="r.example", revision="abc",
+                          python=["hami_mt_webhook-0.1.0-cp311-cp311-linux_x86_64.whl",
+                                  "hami_mt_webhook-0.1.0-py3-none-any.whl", "hami_mt_webhook-0.1.0.tar.gz"])
+    text = release.notes(rel, "")
+    wheel = rel.python[0]
+    assert f"--signature {wheel}.sig {wheel}" in text
+    assert f"pip install '{wheel}[doctor]'" in text
+    assert all(f"`{name}`" in text for name in rel.python)
+    assert "pip install" not in release.notes(release.Release(version="0.1.0", registry="r", revision="a"), "")
+
+
 def test_sha256sums_lists_each_file(tmp_path: Path) -> None:
     (tmp_path / "b").write_bytes(b"bee")
     (tmp_path / "a").write_bytes(b"")

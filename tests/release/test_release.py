@@ -8,11 +8,13 @@ import hashlib
 import json
 import subprocess
 import tarfile
+import time
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from devtools import image, local, oci, release
+from devtools import image, local, oci, release, wheel
 from tests.release.conftest import MEASURED, Published
 
 SLICE_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slice"},
@@ -169,6 +171,45 @@ def test_offline_bundle(published: Published) -> None:
     notes = (dist / "RELEASE-NOTES.md").read_text()
     assert made["index_digest"] in notes and made["chart_digest"] in notes
     assert "cosign verify --key cosign.pub" in notes
+
+
+def test_python_package_is_summed_and_signed(published: Published) -> None:
+    """The wheels and the sdist in dist/, in SHA256SUMS, each signature verifying with the release's key only."""
+    dist, made = published.dist, published.made
+    names = made["python"]
+    version = made["version"].split("-")[0]
+    assert len(names) == 3
+    assert any(n.endswith("-py3-none-any.whl") for n in names)
+    assert any(n.endswith("_x86_64.whl") and "-cp3" in n for n in names)
+    assert f"hami_mt_webhook-{version}.tar.gz" in names
+    listed = dict(reversed(line.split("  ", 1)) for line in (dist / "SHA256SUMS").read_text().splitlines())
+    for name in names:
+        for listed_name in (name, f"{name}.sig"):
+            assert hashlib.sha256((dist / listed_name).read_bytes()).hexdigest() == listed[listed_name], listed_name
+        blob = ["verify-blob", "--insecure-ignore-tlog", "--signature", str(dist / f"{name}.sig"), str(dist / name)]
+        published.cosign(blob[0], "--key", str(dist / "cosign.pub"), *blob[1:])
+        other = published.other_key.with_suffix(".pub")
+        assert published.cosign(blob[0], "--key", str(other), *blob[1:], check=False).returncode != 0, name
+
+
+def test_wheel_installs_with_the_doctor_extra(published: Published, tmp_path: Path) -> None:
+    """The pure wheel as the README says to install it: into a clean virtualenv with [doctor], `doctor --help`
+    answering. The compiled one carries the rules as extension modules (the e2e tier runs a wheel built so)."""
+    names = published.made["python"]
+    (pure,) = (n for n in names if n.endswith("-py3-none-any.whl"))
+    (compiled,) = (n for n in names if "-cp3" in n)
+    assert not any(f.endswith(".so") for f in wheel.contents(published.dist / pure))
+    assert any(f.startswith("hami_mt_webhook/rules/pods.") and f.endswith(".so")
+               for f in wheel.contents(published.dist / compiled))
+    python = wheel.bare_python(tmp_path / "venv")
+    started = time.monotonic()
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                    f"{published.dist / pure}[doctor]"], check=True, capture_output=True, timeout=600)
+    MEASURED.append(f"pip install {pure}[doctor] into a clean virtualenv: {time.monotonic() - started:.0f} s")
+    done = subprocess.run([str(tmp_path / "venv" / "bin" / "hami-mt-webhook"), "doctor", "--help"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "--kubeconfig" in done.stdout
 
 
 def test_arm64_image_reviews_examples_as_amd64_does(published: Published) -> None:
