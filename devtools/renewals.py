@@ -299,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setup", choices=["chain", "selfsigned"], default="chain")
     parser.add_argument("--renewals", type=int, default=3)
     parser.add_argument("--merging", choices=["on", "off"], default="on",
-                        help="cainjector's CAInjectorMerging (on since cert-manager 1.15 made it the default; off: "
+                        help="cainjector's CAInjectorMerging (on by default since cert-manager 1.19; off: "
                              "each injection replaces the caBundle, as cert-manager did before)")
     parser.add_argument("--version", default=None, help="Kubernetes: newest (default), floor, 1.MINOR")
     args = parser.parse_args(argv)
