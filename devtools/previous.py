@@ -28,7 +28,7 @@ from pathlib import Path
 from devtools import image
 from devtools.binaries import REPO_ROOT
 
-__all__ = ["RELEASE", "Previous", "PreviousError", "build"]
+__all__ = ["RELEASE", "Previous", "PreviousError", "build", "fetch_commit"]
 
 
 @dataclass(frozen=True)
@@ -74,11 +74,7 @@ def export(rel: Previous) -> Path:
     """The revision's tracked files in the cache (made once, atomically: a half-written tree is never used)."""
     if (rel.tree / "Dockerfile").is_file():
         return rel.tree
-    found = subprocess.run(["git", "cat-file", "-e", f"{rel.revision}^{{commit}}"], cwd=REPO_ROOT,
-                           capture_output=True, text=True)
-    if found.returncode != 0:
-        raise PreviousError(f"commit {rel.revision} (release {rel.version}) is not in this clone: "
-                            "`git fetch --unshallow` (or a full clone) brings it")
+    fetch_commit(rel)
     rel.tree.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=rel.tree.parent) as tmp:
         archive = Path(tmp) / "tree.tar"
@@ -89,6 +85,24 @@ def export(rel: Previous) -> Path:
         shutil.unpack_archive(archive, unpacked, filter="data")
         os.replace(unpacked, rel.tree)
     return rel.tree
+
+
+def fetch_commit(rel: Previous) -> None:
+    """The release's commit in this clone: a shallow clone (CI's, often) lacks it, and asks its origin for
+    that one commit."""
+    if _has_commit(rel.revision):
+        return
+    fetched = subprocess.run(["git", "fetch", "--quiet", "--no-tags", "--depth=1", "origin", rel.revision],
+                             cwd=REPO_ROOT, capture_output=True, text=True)
+    if not _has_commit(rel.revision):
+        raise PreviousError(f"commit {rel.revision} (release {rel.version}) is not in this clone, and "
+                            f"fetching it from origin failed ({fetched.stderr.strip()[-200:] or 'no origin'}): "
+                            "`git fetch --unshallow` (or a full clone) brings it")
+
+
+def _has_commit(revision: str) -> bool:
+    return subprocess.run(["git", "cat-file", "-e", f"{revision}^{{commit}}"], cwd=REPO_ROOT,
+                          capture_output=True).returncode == 0
 
 
 def build(rel: Previous = RELEASE, mode: str = "auto", say: Callable[[str], None] = print) -> Previous:

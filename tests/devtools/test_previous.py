@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 import yaml
 
-from devtools import previous
+from devtools import binaries, previous
 
 
 def test_a_revision_must_be_a_full_commit_id() -> None:
@@ -30,3 +32,18 @@ def test_a_commit_missing_from_the_clone_is_named(tmp_path, monkeypatch) -> None
     monkeypatch.setattr(previous.image, "CACHE", tmp_path / "image")
     with pytest.raises(previous.PreviousError, match=r"commit 0{40} \(release 9\.9\.9\) is not in this clone"):
         previous.export(previous.Previous("9.9.9", "0" * 40))
+
+
+def test_a_shallow_clone_fetches_the_release_commit_from_its_origin(tmp_path, monkeypatch) -> None:
+    """CI may clone with --depth 1: the release's commit is then fetched, that one commit only."""
+    previous.fetch_commit(previous.RELEASE)  # this clone may be shallow too: the sub-clone's origin needs it
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "--quiet", "--depth=1", "--no-local", f"file://{binaries.REPO_ROOT}",
+                    str(clone)], check=True, capture_output=True)
+    monkeypatch.setattr(previous, "REPO_ROOT", clone)
+    monkeypatch.setattr(previous.image, "CACHE", tmp_path / "image")
+    rel = previous.RELEASE
+    assert not previous._has_commit(rel.revision)
+    tree = previous.export(rel)
+    assert tree == tmp_path / "previous" / rel.revision
+    assert yaml.safe_load((rel.chart / "Chart.yaml").read_text())["version"] == rel.version
