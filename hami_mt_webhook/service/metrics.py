@@ -76,6 +76,11 @@ class Metrics:
                                      "Verdicts this replica wrote on a replica's readiness gate: not_answering "
                                      "takes it out of the Service's endpoints, answering puts it back.",
                                      ["verdict"], registry=r)
+        self.peer_failure_ratio = Gauge("hami_mt_webhook_peer_failure_ratio",
+                                        "Share of this replica's probes of each other replica that failed or "
+                                        "ran late (--peer-late-after) over --peer-window; NaN until the window "
+                                        "holds enough probes.", ["peer"], registry=r)
+        self._peers_measured: set[str] = set()
         for state in PEER_STATES:
             self.peers.labels(state).set(0)
         for verdict in ("answering", "not_answering"):
@@ -114,6 +119,16 @@ class Metrics:
         """How many other replicas this one hears, does not hear, and disputes (`PEER_STATES`)."""
         for state, n in counts.items():
             self._child(self.peers, state).set(n)
+
+    def peer_failures(self, shares: dict[str, float | None]) -> None:
+        """Each peer's share of failed probes (None: not known yet); a peer gone loses its series, so pods
+        replaced in a rollout do not pile up."""
+        for gone in self._peers_measured - shares.keys():
+            self.peer_failure_ratio.remove(gone)
+            self._children.pop((id(self.peer_failure_ratio), gone), None)
+        self._peers_measured = set(shares)
+        for peer, share in shares.items():
+            self._child(self.peer_failure_ratio, peer).set(float("nan") if share is None else share)
 
     def peer_verdict(self, answering: bool) -> None:
         self._child(self.peer_verdicts, "answering" if answering else "not_answering").inc()

@@ -34,7 +34,7 @@ import orjson
 from .http11 import Answer
 from .nodefeed import Feed
 from .nodewatch import Login, Watch, session
-from .peerview import CONDITION, Replica, Timing, Verdict, View, disputed, judge, replica
+from .peerview import CONDITION, Outcomes, Replica, Timing, Verdict, View, disputed, judge, replica
 from .state import State
 
 __all__ = ["Failover", "Peers"]
@@ -98,6 +98,8 @@ class Peers:
         self._streak: dict[str, float] = {}  # name -> monotonic time its current run of answers began
         self._views: dict[str, View] = {}
         self._refused: set[str] = set()  # the peers whose last probe was refused
+        self._outcomes: dict[str, Outcomes] = {}  # name -> its probes' outcomes over the window
+        self._stalled_at = 0.0  # probes begun before this replica's own loop last stalled are not counted
         self._in_flight: dict[str, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # probes and writes, held until done (the loop holds
         self._writing: set[str] = set()  # weak references only); the replicas whose verdict is being written
@@ -110,7 +112,12 @@ class Peers:
     def view(self) -> View:
         now = time.monotonic()
         heard = {name: now - t for name, t in self._heard.items()}
-        return View(self.me, heard, frozenset(n for n, s in heard.items() if s >= self.timing.silent_after))
+        return View(self.me, heard, frozenset(n for n, s in heard.items() if s >= self.timing.silent_after),
+                    self._failing(now))
+
+    def _failing(self, now: float) -> dict[str, float]:
+        """Each peer's share of failed or late probes over the window, for those with enough of them."""
+        return {name: share for name, o in self._outcomes.items() if (share := o.share(now)) is not None}
 
     def answer(self) -> Answer:
         """GET /peers: this replica's view, which is also how the others know it answers."""
@@ -123,8 +130,10 @@ class Peers:
         self._http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, limit_per_host=IN_FLIGHT, keepalive_timeout=30),
             timeout=aiohttp.ClientTimeout(total=self.timeout), headers={"User-Agent": "hami-mt-webhook peers"})
-        logger.info("failover on: probing the other replicas every %.2f s; one not heard for %.2f s by most "
-                    "of them is taken out of the Service", self.interval, self.timing.silent_after)
+        logger.info("failover on: probing the other replicas every %.2f s; one not heard for %.2f s, or whose "
+                    "probes fail or take over %.2f s %.0f %% of the time over %g s, by most of them is taken out "
+                    "of the Service", self.interval, self.timing.silent_after, self.timing.late_after,
+                    100 * self.timing.fail_share, self.timing.window)
         try:
             last = time.monotonic()
             while True:
@@ -135,6 +144,7 @@ class Peers:
                     # did not hear meanwhile says nothing of the others, so the stall is not counted.
                     for name, heard in self._heard.items():
                         self._heard[name] = min(started, heard + stalled)
+                    self._stalled_at = started
                 last = started
                 self._probe_all()
                 self._decide()
@@ -152,7 +162,8 @@ class Peers:
         peers = {name: r for name, r in self.feed.replicas.items() if name != self.me and not r.deleting}
         for name in list(self._heard):
             if name not in peers:
-                for known in (self._heard, self._streak, self._views, self._in_flight, self._written):
+                for known in (self._heard, self._streak, self._views, self._in_flight, self._written,
+                              self._outcomes):
                     known.pop(name, None)
                 self._refused.discard(name)
         for name, r in peers.items():
@@ -164,6 +175,7 @@ class Peers:
     async def _probe(self, name: str, ip: str) -> None:
         assert self._http is not None
         host = f"[{ip}]" if ":" in ip else ip
+        began = time.monotonic()
         try:
             async with self._http.get(f"http://{host}:{self.port}/peers") as resp:
                 body = await resp.read() if resp.status == 200 else b""
@@ -173,6 +185,7 @@ class Peers:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as err:
             self._views.pop(name, None)
             self._streak.pop(name, None)
+            self._outcome(name, began, failed=True)
             if isinstance(err, aiohttp.ClientConnectorError) and err.os_error.errno == errno.ECONNREFUSED:
                 self._refused.add(name)
             logger.debug("peer %s (%s) did not answer: %s", name, ip, type(err).__name__)
@@ -180,12 +193,19 @@ class Peers:
             self._refused.discard(name)
             if name in self._heard:
                 now = time.monotonic()
+                self._outcome(name, began, failed=now - began > self.timing.late_after)
                 self._heard[name] = now
                 self._streak.setdefault(name, now)
                 self._views[name] = view
         finally:
             if name in self._in_flight:
                 self._in_flight[name] -= 1
+
+    def _outcome(self, name: str, began: float, *, failed: bool) -> None:
+        """A probe's outcome into the peer's window, unless this replica's own loop stalled meanwhile (what
+        ran late then says nothing of the peer)."""
+        if began >= self._stalled_at and name in self._heard:
+            self._outcomes.setdefault(name, Outcomes(self.timing.window)).add(time.monotonic(), failed)
 
     def _spawn(self, work: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.create_task(work, name=name)
@@ -199,9 +219,10 @@ class Peers:
         now = time.monotonic()
         heard = {name: now - t for name, t in self._heard.items()}
         answering = {name: now - t for name, t in self._streak.items()}
+        failing = self._failing(now)
         own = replicas.get(self.me)
         verdicts = {v.name: v for v in judge(self.me, replicas, heard, answering, self._views, self.timing,
-                                                self._refused)}
+                                                self._refused, failing)}
         if not self.vouched and own is not None and self.state.view.ready and self.state.serving:
             if own.answering is True:
                 self.vouched = True
@@ -216,7 +237,8 @@ class Peers:
             # nobody would soon hear nobody, and say so to the others).
             self._writing.add(verdict.name)
             self._spawn(self._write(verdict, replicas[verdict.name]), f"verdict on {verdict.name}")
-        split = disputed(self.me, replicas, heard, self._views, self.timing)
+        split = disputed(self.me, replicas, heard, self._views, self.timing, failing)
+        self.state.metrics.peer_failures({name: failing.get(name) for name in heard})
         self.state.metrics.peers_seen(answering=sum(1 for s in heard.values() if s < self.timing.silent_after),
                                       silent=sum(1 for s in heard.values() if s >= self.timing.silent_after),
                                       disputed=len(split))

@@ -95,7 +95,7 @@ async def test_peers_answers_this_replicas_view() -> None:
     async with serve_probes(state, peers=peers.answer) as probe:
         status, headers, body = await get(probe.port, "/peers")
     assert (status, headers["content-type"]) == (200, "application/json")
-    assert orjson.loads(body) == {"name": "webhook-a", "heard": {}, "silent": []}
+    assert orjson.loads(body) == {"name": "webhook-a", "heard": {}, "silent": [], "failing": {}}
 
 
 async def test_other_methods_and_paths_get_fixed_answers_without_a_banner() -> None:
