@@ -203,12 +203,14 @@ def _serve(args: argparse.Namespace) -> int:
 def _failover(args: argparse.Namespace) -> Failover | None:
     """`serve`'s peer settings, checked where they enter: None when --peer-selector is unset."""
     from ..service.peers import Failover
-    from ..service.peerview import Timing
+    from ..service.peerview import MIN_PROBES, Timing
 
     for setting in settings.PEERS:
         value = getattr(args, setting.dest)
         if isinstance(setting.default, float) and not value > 0:
             raise ValueError(f"{setting.flag} must be a number of seconds above 0; got {value!r}")
+        if isinstance(setting.default, int) and not 0 < value <= 100:
+            raise ValueError(f"{setting.flag} must be a percentage from 1 to 100; got {value!r}")
     if not args.peer_selector:
         return None
     missing = [flag for flag, value in (("--pod-name", args.pod_name), ("--pod-namespace", args.pod_namespace))
@@ -219,9 +221,20 @@ def _failover(args: argparse.Namespace) -> Failover | None:
     if args.peer_timeout > args.peer_silent_after:
         raise ValueError(f"--peer-timeout {args.peer_timeout} must not exceed --peer-silent-after "
                          f"{args.peer_silent_after}: a probe still waiting could not yet count as silence")
+    if args.peer_clean_percent >= args.peer_fail_percent:
+        raise ValueError(f"--peer-clean-percent {args.peer_clean_percent} must be below --peer-fail-percent "
+                         f"{args.peer_fail_percent}: a replica must be clearly better to come back")
+    if args.peer_late_after >= args.peer_timeout:
+        raise ValueError(f"--peer-late-after {args.peer_late_after} must be below --peer-timeout "
+                         f"{args.peer_timeout}: a probe cannot answer late after it has timed out")
+    if args.peer_window < MIN_PROBES * args.peer_interval:
+        raise ValueError(f"--peer-window {args.peer_window} holds fewer than {MIN_PROBES} probes at --peer-interval "
+                         f"{args.peer_interval}: no failure share would ever be known")
     return Failover(me=args.pod_name, namespace=args.pod_namespace, selector=args.peer_selector,
                     interval=args.peer_interval, timeout=args.peer_timeout,
-                    timing=Timing(silent_after=args.peer_silent_after, recover_after=args.peer_recover_after))
+                    timing=Timing(silent_after=args.peer_silent_after, recover_after=args.peer_recover_after,
+                                  window=args.peer_window, late_after=args.peer_late_after,
+                                  fail_share=args.peer_fail_percent / 100, clean_share=args.peer_clean_percent / 100))
 
 
 def _certs(args: argparse.Namespace) -> int:

@@ -161,6 +161,12 @@ SERVE = (
         Setting("--peer-timeout", 0.5, "seconds a probe may take"),
         Setting("--peer-silent-after", 0.75, "seconds without an answer after which a replica is silent"),
         Setting("--peer-recover-after", 1.0, "seconds of answers after which a silent replica is back"),
+        Setting("--peer-window", 5.0, "seconds of probe outcomes each replica's failure share is taken over"),
+        Setting("--peer-late-after", 0.15, "seconds after which a probe's answer counts as a failure"),
+        Setting("--peer-fail-percent", 25, "share of failed or late probes over the window at which a replica "
+                "most of the others probe that badly is out, as a silent one"),
+        Setting("--peer-clean-percent", 5, "share of failed or late probes over the window below which an out "
+                "replica may come back"),
     )),
     Setting("--log-level", "info", "info logs one line per denial and per mutation",
             choices=("debug", "info", "warning", "error")),

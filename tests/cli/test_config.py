@@ -29,6 +29,8 @@ SERVE_ENV = {
     "--pod-name": "HAMI_MT_POD_NAME", "--pod-namespace": "HAMI_MT_POD_NAMESPACE",
     "--peer-interval": "HAMI_MT_PEER_INTERVAL", "--peer-timeout": "HAMI_MT_PEER_TIMEOUT",
     "--peer-silent-after": "HAMI_MT_PEER_SILENT_AFTER", "--peer-recover-after": "HAMI_MT_PEER_RECOVER_AFTER",
+    "--peer-window": "HAMI_MT_PEER_WINDOW", "--peer-late-after": "HAMI_MT_PEER_LATE_AFTER",
+    "--peer-fail-percent": "HAMI_MT_PEER_FAIL_PERCENT", "--peer-clean-percent": "HAMI_MT_PEER_CLEAN_PERCENT",
 }
 RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
@@ -273,6 +275,13 @@ def test_node_watch_choices_are_the_watch_modes():
     (["--peer-interval", "0"], "--peer-interval must be a number of seconds above 0; got 0.0"),
     (["--peer-selector", "app=x", "--pod-name", "w-1", "--pod-namespace", "ns", "--peer-timeout", "2"],
      "--peer-timeout 2.0 must not exceed --peer-silent-after 0.75"),
+    (["--peer-fail-percent", "0"], "--peer-fail-percent must be a percentage from 1 to 100; got 0"),
+    (["--peer-selector", "app=x", "--pod-name", "w-1", "--pod-namespace", "ns", "--peer-clean-percent", "30"],
+     "--peer-clean-percent 30 must be below --peer-fail-percent 25"),
+    (["--peer-selector", "app=x", "--pod-name", "w-1", "--pod-namespace", "ns", "--peer-late-after", "0.5"],
+     "--peer-late-after 0.5 must be below --peer-timeout 0.5"),
+    (["--peer-selector", "app=x", "--pod-name", "w-1", "--pod-namespace", "ns", "--peer-window", "1"],
+     "--peer-window 1.0 holds fewer than 20 probes at --peer-interval 0.1"),
 ])
 def test_serve_refuses_bad_failover_settings_naming_what_was_typed(capsys, args, says):
     assert cli.main(["serve", *args]) == 2
