@@ -131,7 +131,35 @@ def _revive_later(cluster: Cluster, _pod: str, node: str) -> None:
     cluster.revive_node(node)
 
 
-#: Each fault as the issue lists them; `node back` follows `node killed`.
+#: How long each gray fault lasts: the issue's 60 s (`make faults` runs them for 180 s too: the cost of one that
+#: is caught must not grow with its length).
+GRAY_SECONDS = 60.0
+
+
+def _lossy(percent: int, seconds: float = GRAY_SECONDS) -> Callable[[Cluster, str, str], None]:
+    def act(cluster: Cluster, pod: str, _node: str) -> None:
+        cluster.lose_pod(NAMESPACE, pod, percent)
+        try:
+            time.sleep(seconds)
+        finally:
+            cluster.heal_pod(NAMESPACE, pod)
+    return act
+
+
+def _slow(delay: float, seconds: float = GRAY_SECONDS) -> Callable[[Cluster, str, str], None]:
+    """The pod's answers on each of its container ports (webhook, probe, metrics) held `delay` seconds."""
+    def act(cluster: Cluster, pod: str, _node: str) -> None:
+        ports = [p["containerPort"] for c in cluster.pod(NAMESPACE, pod)["spec"]["containers"]
+                 for p in c.get("ports") or ()]
+        cluster.delay_pod(NAMESPACE, pod, delay, ports)
+        try:
+            time.sleep(seconds)
+        finally:
+            cluster.heal_pod(NAMESPACE, pod)
+    return act
+
+
+#: Each fault as the issues list them; `node back` follows `node killed`.
 FAULTS = {
     "crash": Fault("crash (SIGKILL)", 20, lambda c, p, _n: c.kill_pod(NAMESPACE, p)),
     "oom": Fault("OOM kill under the memory limit", 25, lambda c, p, _n: c.oom_kill_pod(NAMESPACE, p) and None),
@@ -139,6 +167,14 @@ FAULTS = {
     "cut": Fault("network cut 30 s", 40, lambda c, p, _n: c.cut_pod(NAMESPACE, p, seconds=30)),
     "kubelet": Fault("kubelet restarted", 20, lambda c, _p, n: c.restart_kubelet(n)),
     "containerd": Fault("containerd restarted", 20, lambda c, _p, n: c.restart_containerd(n)),
+    # gray: the replica still answers, but badly
+    "loss10": Fault("10 % packet loss 60 s", GRAY_SECONDS + 10, _lossy(10)),
+    "loss30": Fault("30 % packet loss 60 s", GRAY_SECONDS + 10, _lossy(30)),
+    "loss60": Fault("60 % packet loss 60 s", GRAY_SECONDS + 10, _lossy(60)),
+    "flap": Fault("link flapping 60 s (down 1 s, up 2 s)", GRAY_SECONDS + 10,
+                  lambda c, p, _n: c.flap_pod(NAMESPACE, p, GRAY_SECONDS)),
+    "slow500": Fault("answers 500 ms late 60 s", GRAY_SECONDS + 10, _slow(0.5)),
+    "slow2500": Fault("answers 2.5 s late 60 s", GRAY_SECONDS + 10, _slow(2.5)),
     # long enough for the node controller to act without failover (its grace period is 40 s on 1.30, 50 s from 1.32)
     "node": Fault("node killed", 60, lambda c, _p, n: c.kill_node(n)),
     "back": Fault("node back", 40, _revive_later),

@@ -24,7 +24,9 @@ Faults, each callable from a test while traffic runs (from the thread that start
 restart starts processes that die with the thread that started them, `procs.die_with_parent`):
 `kill_node`/`revive_node`, `restart_kubelet`, `restart_containerd` (the node as a machine,
 `Host`), and for a pod's container `freeze_pod`/`thaw_pod`, `kill_pod`, `cut_pod`/`restore_pod` and
-`oom_kill_pod`. Each docstring says what it does at the kernel's level. Only processes of the tier are
+`oom_kill_pod`; the gray ones, where the pod still answers but badly: `lose_pod` (a share of its packets
+dropped), `flap_pod` (its link down and up in turn), `delay_pod` (its answers held), each undone by
+`heal_pod`. Each docstring says what it does at the kernel's level. Only processes of the tier are
 signalled: those in a node's network namespace or cgroups, found by PID, never by name.
 
 `stop()` leaves nothing, even after a kill and a revive: the pods of live nodes deleted, each node's
@@ -69,6 +71,36 @@ HOG = ("import os, sys\nsys.stdin.readline()\nfd, chunk = os.memfd_create('hog')
 #: How far above the container's usage `oom_kill_pod` sets its limit: enough for its processes' oom_score_adj of
 #: 1000 (worth the limit in pages, rounded down to thousands) to outweigh our process's own RSS (an interpreter).
 OOM_HEADROOM = 64 << 20
+#: The nftables table (family netdev, on the node's end of a pod's veth) that `lose_pod` and `flap_pod` fill.
+LOSS_TABLE = "hmw_gray_loss"
+#: The nftables table (family ip, in the pod's network namespace) that sends `delay_pod`'s ports to the relay.
+DELAY_TABLE = "hmw_gray_delay"
+#: How far above a delayed port the relay listens (`devtools.delayer`).
+DELAY_PORT_OFFSET = 10000
+
+
+def loss_rules(device: str, percent: int) -> str:
+    """An nft script putting `percent` % random loss on `device`, both ways, replacing what it put before.
+
+    The drops are in the netdev family's ingress and egress hooks of the node's end of the pod's veth: past
+    the pod's own stack, so its sockets see no error (a drop in the pod's `output` hook would fail its sends
+    with EPERM) and the loss is as silent as on a wire. Only IP packets: ARP still resolves, so a dropped
+    packet is lost rather than unreachable."""
+    if not 0 <= percent <= 100:
+        raise ValueError(f"a loss of {percent} %: from 0 to 100")
+    drop = ("" if percent == 0 else "meta protocol { ip, ip6 } "
+            + ("drop" if percent == 100 else f"numgen random mod 100 < {percent} drop"))
+    return "\n".join([
+        f"table netdev {LOSS_TABLE}", f"delete table netdev {LOSS_TABLE}", f"table netdev {LOSS_TABLE} {{",
+        f'  chain from_pod {{ type filter hook ingress device "{device}" priority 0\n    {drop}\n  }}',
+        f'  chain to_pod {{ type filter hook egress device "{device}" priority 0\n    {drop}\n  }}', "}", ""])
+
+
+def delay_rules(ports: Sequence[int]) -> str:
+    """An nft script (for the pod's network namespace) sending connections that reach its eth0 on `ports` to
+    the relay's ports; the relay's own connections to 127.0.0.1 come in on lo and pass."""
+    rules = "".join(f'\n    iifname "eth0" tcp dport {p} redirect to :{p + DELAY_PORT_OFFSET}' for p in ports)
+    return f"table ip {DELAY_TABLE} {{\n  chain pre {{ type nat hook prerouting priority -100{rules}\n  }}\n}}\n"
 
 
 class Cluster:
@@ -100,6 +132,7 @@ class Cluster:
         self._cgroups_made: list[Path] = []
         self.fabric_inode = 0
         self._cuts: dict[tuple[str, str], tuple[Host, str, str, Path]] = {}
+        self._relays: dict[tuple[str, str], subprocess.Popen[bytes]] = {}
         self._stopped = False
         #: Seconds from `start()` to every node Ready, and from the kubelets' start to it.
         self.startup_seconds: float | None = None
@@ -352,24 +385,80 @@ class Cluster:
         on the same node still resolve the pod's address themselves and get EHOSTUNREACH once their ARP
         fails: a cut seen from the same node is not silent."""
         pod = self.pod(namespace, name)
-        host, cgroup = self.container_cgroup(namespace, name)
-        inside = ["nsenter", f"--net=/proc/{min(node.cgroup_pids([cgroup]))}/ns/net", "ip"]
-        link = subprocess.run([*inside, "-o", "link", "show", "eth0"], capture_output=True, text=True, check=True,
-                              timeout=30).stdout
-        found = re.search(r"eth0@if(\d+):.*link/ether (\S+)", link)
+        host, cgroup, netns, mac, veth = self._veth(namespace, name)
         bridge = re.search(r"link/ether (\S+)", host.inside("ip", "-o", "link", "show", node.BRIDGE).stdout)
-        veth = re.search(rf"^{found[1] if found else '-'}: ([^:@]+)", host.inside("ip", "-o", "link").stdout, re.M)
-        if found is None or bridge is None or veth is None:
-            raise NodeError(f"pod {namespace}/{name}: no veth to cut ({link!r})")
+        if bridge is None:
+            raise NodeError(f"node {host.name}: no bridge {node.BRIDGE}")
         ip = pod["status"]["podIP"]
-        subprocess.run([*inside, "neigh", "replace", host.ip, "lladdr", bridge[1], "dev", "eth0", "nud", "permanent"],
-                       check=True, timeout=30)
-        host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {found[2]} dev {node.BRIDGE} nud permanent\n"
-                                 f"ip link set {veth[1]} down")
-        self._cuts[(namespace, name)] = (host, veth[1], ip, cgroup.parent)
+        subprocess.run(["nsenter", f"--net={netns}", "ip", "neigh", "replace", host.ip, "lladdr", bridge[1], "dev",
+                        "eth0", "nud", "permanent"], check=True, timeout=30)
+        host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {mac} dev {node.BRIDGE} nud permanent\n"
+                                 f"ip link set {veth} down")
+        self._cuts[(namespace, name)] = (host, veth, ip, cgroup.parent)
         if seconds is not None:
             time.sleep(seconds)
             self.restore_pod(namespace, name)
+
+    def _veth(self, namespace: str, name: str) -> tuple[Host, Path, str, str, str]:
+        """A running pod's node, its container's cgroup, its network namespace's file, its eth0's MAC and the
+        name of the node's end of its veth."""
+        host, cgroup = self.container_cgroup(namespace, name)
+        netns = f"/proc/{min(node.cgroup_pids([cgroup]))}/ns/net"
+        link = subprocess.run(["nsenter", f"--net={netns}", "ip", "-o", "link", "show", "eth0"], capture_output=True,
+                              text=True, check=True, timeout=30).stdout
+        found = re.search(r"eth0@if(\d+):.*link/ether (\S+)", link)
+        veth = re.search(rf"^{found[1] if found else '-'}: ([^:@]+)", host.inside("ip", "-o", "link").stdout, re.M)
+        if found is None or veth is None:
+            raise NodeError(f"pod {namespace}/{name}: no veth found ({link!r})")
+        return host, cgroup, netns, found[2], veth[1]
+
+    def lose_pod(self, namespace: str, name: str, percent: int) -> None:
+        """`percent` % of the pod's IP packets dropped at random, both ways, silently (`loss_rules`), until
+        `heal_pod` (or another call, which replaces the share)."""
+        host, _cgroup, _netns, _mac, veth = self._veth(namespace, name)
+        host.inside("nft", loss_rules(veth, percent))
+
+    def flap_pod(self, namespace: str, name: str, seconds: float, down: float = 1.0, up: float = 2.0) -> None:
+        """The pod's link down for `down` seconds and up for `up`, in turn, for `seconds` (blocking), as a
+        flapping port: every packet lost while down (`lose_pod` at 100 %), none while up; healed after."""
+        host, _cgroup, _netns, _mac, veth = self._veth(namespace, name)
+        end = time.monotonic() + seconds
+        try:
+            while time.monotonic() < end:
+                host.inside("nft", loss_rules(veth, 100))
+                time.sleep(min(down, max(0.0, end - time.monotonic())))
+                host.inside("nft", loss_rules(veth, 0))
+                time.sleep(min(up, max(0.0, end - time.monotonic())))
+        finally:
+            self.heal_pod(namespace, name)
+
+    def delay_pod(self, namespace: str, name: str, seconds: float, ports: Sequence[int]) -> None:
+        """What the pod sends from `ports` held `seconds` before it leaves, until `heal_pod`: connections that
+        reach its eth0 on those ports are redirected to a relay in its network namespace (`devtools.delayer`:
+        this kernel has no `sch_netem`)."""
+        _host, _cgroup, netns, _mac, _veth = self._veth(namespace, name)
+        pairs = [f"{p + DELAY_PORT_OFFSET}:{p}" for p in ports]
+        relay = subprocess.Popen(["nsenter", f"--net={netns}", sys.executable, "-m", "devtools.delayer", "--delay",
+                                  str(seconds), *pairs], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                 stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent,
+                                 preexec_fn=die_with_parent())
+        self._relays[(namespace, name)] = relay
+        assert relay.stdout is not None
+        if relay.stdout.readline().strip() != b"ready":
+            self.heal_pod(namespace, name)
+            raise NodeError(f"pod {namespace}/{name}: the delaying relay did not start")
+        subprocess.run(["nsenter", f"--net={netns}", "nft", delay_rules(ports)], check=True, timeout=30)
+
+    def heal_pod(self, namespace: str, name: str) -> None:
+        """Undo `lose_pod`, `flap_pod` and `delay_pod` on the pod: its loss table and redirect gone, its relay
+        stopped (connections it held are cut, as a link's recovery would not, but they are few)."""
+        host, _cgroup, netns, _mac, _veth = self._veth(namespace, name)
+        host.inside("nft", "delete", "table", "netdev", LOSS_TABLE, check=False)
+        subprocess.run(["nsenter", f"--net={netns}", "nft", "delete", "table", "ip", DELAY_TABLE],
+                       capture_output=True, timeout=30)
+        if (relay := self._relays.pop((namespace, name), None)) is not None:
+            relay.kill()
+            relay.wait()
 
     def restore_pod(self, namespace: str, name: str) -> None:
         """The cut pod's veth up again, and the neighbour entries on both sides learnt again (from any process
