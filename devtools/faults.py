@@ -10,6 +10,7 @@ every fault with failover off and then on, on one cluster in one run, and prints
 docs/PERFORMANCE.md keeps.
 
     python -m devtools.faults [--version newest|floor|1.MINOR] [--faults crash,hang,...] [--only on|off]
+        [--long SECONDS]
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from devtools import local
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, Outcome, creating
 
-__all__ = ["FAULTS", "Count", "Fault", "Faults", "main"]
+__all__ = ["FAULTS", "GRAY", "Count", "EndpointWatch", "Fault", "Faults", "gray", "main"]
 
 RATE = 20  # slice pods per second
 #: Seconds of traffic before the fault, so the figures start from a steady state.
@@ -54,20 +55,29 @@ class Count:
     left_endpoints: float | None
     #: How the refusals read, counted: the API server's error, shortened.
     errors: Counter[str] = field(default_factory=Counter)
+    #: Times the victim left the endpoints after the fault: more than once is a replica going in and out.
+    exits: int = 0
+    #: The other replicas' addresses seen not ready after the fault: healthy replicas taken out.
+    others_out: frozenset[str] = frozenset()
 
     def line(self) -> str:
         window = "" if self.window is None else f" over {self.window:.1f} s"
         left = "never" if self.left_endpoints is None else f"{self.left_endpoints:.1f} s"
         kinds = "; ".join(f"{n}x {k}" for k, n in self.errors.most_common(2))
+        exits = f", out {self.exits} times" if self.exits > 1 else ""
+        others = f"; others out: {', '.join(sorted(self.others_out))}" if self.others_out else ""
         return (f"{self.fault}: {self.refused} of {self.sent} refused{window}; endpoint not ready after {left}"
-                + (f" ({kinds})" if kinds else ""))
+                f"{exits}{others}" + (f" ({kinds})" if kinds else ""))
 
 
-def count(fault: str, outcomes: list[Outcome], at: float, left: float | None) -> Count:
+def count(fault: str, outcomes: list[Outcome], at: float, endpoints: EndpointWatch, victim: str) -> Count:
+    """The figures of `fault`, done at `at` to the replica whose address is `victim`."""
     refused = sorted((o for o in outcomes if o.status != 201), key=lambda o: o.sent)
     window = refused[-1].sent - refused[0].sent if refused else None
     errors: Counter[str] = Counter(_kind(o) for o in refused)
-    return Count(fault, len(outcomes), len(refused), window, None if left is None else left - at, errors)
+    left = endpoints.left(victim, at)
+    return Count(fault, len(outcomes), len(refused), window, None if left is None else left - at, errors,
+                 endpoints.exits(victim, at), endpoints.others_out(victim, at))
 
 
 def _kind(o: Outcome) -> str:
@@ -110,6 +120,23 @@ class EndpointWatch:
         """When `ip` was first seen not ready (or gone) after `after`."""
         return next((t for t, ready in self.changes if t >= after and not ready.get(ip, False)), None)
 
+    def exits(self, ip: str, after: float) -> int:
+        """How many times `ip` went from ready to not ready (or gone) after `after`."""
+        was, n = self._before(after).get(ip, False), 0
+        for t, ready in self.changes:
+            if t >= after:
+                n += was and not ready.get(ip, False)
+                was = ready.get(ip, False)
+        return n
+
+    def others_out(self, ip: str, after: float) -> frozenset[str]:
+        """The addresses but `ip` that were ready before `after` and seen not ready (or gone) since."""
+        others = {a for a, r in self._before(after).items() if r and a != ip}
+        return frozenset(a for t, ready in self.changes if t >= after for a in others if not ready.get(a, False))
+
+    def _before(self, at: float) -> dict[str, bool]:
+        return next((ready for t, ready in reversed(self.changes) if t < at), {})
+
 
 @dataclass(frozen=True)
 class Fault:
@@ -134,9 +161,13 @@ def _revive_later(cluster: Cluster, _pod: str, node: str) -> None:
 #: How long each gray fault lasts: the issue's 60 s (`make faults` runs them for 180 s too: the cost of one that
 #: is caught must not grow with its length).
 GRAY_SECONDS = 60.0
+#: Traffic after a gray fault heals, so the figures include the replica's return to the endpoints.
+GRAY_AFTER = 10.0
+
+Act = Callable[[Cluster, str, str], None]
 
 
-def _lossy(percent: int, seconds: float = GRAY_SECONDS) -> Callable[[Cluster, str, str], None]:
+def _lossy(percent: int, seconds: float) -> Act:
     def act(cluster: Cluster, pod: str, _node: str) -> None:
         cluster.lose_pod(NAMESPACE, pod, percent)
         try:
@@ -146,7 +177,7 @@ def _lossy(percent: int, seconds: float = GRAY_SECONDS) -> Callable[[Cluster, st
     return act
 
 
-def _slow(delay: float, seconds: float = GRAY_SECONDS) -> Callable[[Cluster, str, str], None]:
+def _slow(delay: float, seconds: float) -> Act:
     """The pod's answers on each of its container ports (webhook, probe, metrics) held `delay` seconds."""
     def act(cluster: Cluster, pod: str, _node: str) -> None:
         ports = [p["containerPort"] for c in cluster.pod(NAMESPACE, pod)["spec"]["containers"]
@@ -159,6 +190,27 @@ def _slow(delay: float, seconds: float = GRAY_SECONDS) -> Callable[[Cluster, str
     return act
 
 
+def _flapping(seconds: float) -> Act:
+    return lambda c, p, _n: c.flap_pod(NAMESPACE, p, seconds)
+
+
+#: The gray faults (the replica still answers, but badly): each one's name and its act for a given length.
+GRAY: dict[str, tuple[str, Callable[[float], Act]]] = {
+    "loss10": ("10 % packet loss", partial(_lossy, 10)),
+    "loss30": ("30 % packet loss", partial(_lossy, 30)),
+    "loss60": ("60 % packet loss", partial(_lossy, 60)),
+    "flap": ("link flapping (down 1 s, up 2 s)", _flapping),
+    "slow500": ("answers 500 ms late", partial(_slow, 0.5)),
+    "slow2500": ("answers 2.5 s late", partial(_slow, 2.5)),
+}
+
+
+def gray(key: str, seconds: float = GRAY_SECONDS) -> Fault:
+    """The gray fault `key` lasting `seconds`."""
+    name, act = GRAY[key]
+    return Fault(f"{name} {seconds:g} s", seconds + GRAY_AFTER, act(seconds))
+
+
 #: Each fault as the issues list them; `node back` follows `node killed`.
 FAULTS = {
     "crash": Fault("crash (SIGKILL)", 20, lambda c, p, _n: c.kill_pod(NAMESPACE, p)),
@@ -167,14 +219,7 @@ FAULTS = {
     "cut": Fault("network cut 30 s", 40, lambda c, p, _n: c.cut_pod(NAMESPACE, p, seconds=30)),
     "kubelet": Fault("kubelet restarted", 20, lambda c, _p, n: c.restart_kubelet(n)),
     "containerd": Fault("containerd restarted", 20, lambda c, _p, n: c.restart_containerd(n)),
-    # gray: the replica still answers, but badly
-    "loss10": Fault("10 % packet loss 60 s", GRAY_SECONDS + 10, _lossy(10)),
-    "loss30": Fault("30 % packet loss 60 s", GRAY_SECONDS + 10, _lossy(30)),
-    "loss60": Fault("60 % packet loss 60 s", GRAY_SECONDS + 10, _lossy(60)),
-    "flap": Fault("link flapping 60 s (down 1 s, up 2 s)", GRAY_SECONDS + 10,
-                  lambda c, p, _n: c.flap_pod(NAMESPACE, p, GRAY_SECONDS)),
-    "slow500": Fault("answers 500 ms late 60 s", GRAY_SECONDS + 10, _slow(0.5)),
-    "slow2500": Fault("answers 2.5 s late 60 s", GRAY_SECONDS + 10, _slow(2.5)),
+    **{key: gray(key) for key in GRAY},
     # long enough for the node controller to act without failover (its grace period is 40 s on 1.30, 50 s from 1.32)
     "node": Fault("node killed", 60, lambda c, _p, n: c.kill_node(n)),
     "back": Fault("node back", 40, _revive_later),
@@ -226,11 +271,11 @@ class Faults:
             return float(found.group(1)) if found else 0.0
         return max(self.replicas(), key=connections)
 
-    def measure(self, key: str, node: str | None = None) -> Count:
-        """`FAULTS[key]` done under traffic to the replica on `node`, or by default to the one the API server's
-        connections go to (`busiest`; `node back` revives the node killed last); the replicas settled before
-        and after."""
-        fault = FAULTS[key]
+    def measure(self, key: str, node: str | None = None, seconds: float | None = None) -> Count:
+        """`FAULTS[key]` (a gray one lasting `seconds` if given) done under traffic to the replica on `node`, or
+        by default to the one the API server's connections go to (`busiest`; `node back` revives the node
+        killed last); the replicas settled before and after."""
+        fault = gray(key, seconds) if seconds is not None else FAULTS[key]
         if key != "back":
             self.settled()
         self._runs += 1
@@ -245,7 +290,7 @@ class Faults:
             fault.act(self.cluster, victim["metadata"]["name"], node)
         if key == "node":
             self.killed = node
-        result = count(fault.name, creator.outcomes, at, endpoints.left(victim["status"].get("podIP", ""), at))
+        result = count(fault.name, creator.outcomes, at, endpoints, victim["status"].get("podIP", ""))
         if key != "node":
             self.settled()
         return result
@@ -304,8 +349,11 @@ def table(rows: dict[str, dict[str, Count]]) -> list[str]:
                 continue
             window = "" if c.window is None else f"{c.window:.1f} s"
             left = "stays" if c.left_endpoints is None else f"{c.left_endpoints:.1f} s"
-            cells.append(f"{c.refused} of {c.sent} ({window or '-'}; {left})")
-        out.append(f"| {FAULTS[key].name} | " + " | ".join(cells) + " |")
+            exits = f", out {c.exits} times" if c.exits > 1 else ""
+            others = f"; others out: {len(c.others_out)}" if c.others_out else ""
+            cells.append(f"{c.refused} of {c.sent} ({window or '-'}; {left}{exits}{others})")
+        name = next(iter(by_mode.values())).fault if by_mode else key
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
     return out
 
 
@@ -316,11 +364,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", choices=("on", "off"), help="failover on or off only")
     parser.add_argument("--no-deployment", dest="deployment", action="store_false",
                         help="leave out the Deployment of 100 slice pods created as a node is killed")
+    parser.add_argument("--long", type=float, default=180.0, metavar="SECONDS",
+                        help="with failover on, each gray fault named again lasting this long (0: not again): "
+                             "a fault that is caught costs no more for lasting longer")
     args = parser.parse_args(argv)
     keys = [k for k in args.faults.split(",") if k]
     unknown = [k for k in keys if k not in FAULTS]
     if unknown:
         parser.error(f"--faults: unknown {', '.join(unknown)}; known: {', '.join(FAULTS)}")
+    if args.long < 0:
+        parser.error(f"--long: {args.long:g} is below 0")
     rows: dict[str, dict[str, Count]] = {k: {} for k in keys}
     modes = [args.only] if args.only else ["off", "on"]
     lt = LoopThread()
@@ -338,6 +391,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"failover {mode}: {result.line()}", flush=True)
                     if key == "node" and "back" not in keys:
                         cluster.revive_node(faults.killed)
+                for key in [k for k in keys if k in GRAY and args.long and mode == "on"]:
+                    result = faults.measure(key, seconds=args.long)
+                    rows.setdefault(f"{key}-long", {})[mode] = result
+                    print(f"failover {mode}: {result.line()}", flush=True)
                 if args.deployment:
                     faults.settled()
                     calm = faults.deployment(f"calm-{mode}")

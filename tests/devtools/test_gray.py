@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from devtools import delayer
+from devtools.faults import FAULTS, GRAY, GRAY_AFTER, EndpointWatch, gray
 from devtools.nodes import DELAY_PORT_OFFSET, delay_rules, loss_rules
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,3 +140,29 @@ def test_the_redirect_sends_only_what_comes_in_on_eth0_to_the_relay(link: tuple[
         for p in (server, relay):
             p.kill()
             p.wait()
+
+
+def _watch(*changes: tuple[float, dict[str, bool]]) -> EndpointWatch:
+    watch = EndpointWatch.__new__(EndpointWatch)
+    watch.changes = list(changes)
+    return watch
+
+
+def test_the_endpoint_watch_counts_each_exit_of_the_victim_and_names_the_others_taken_out() -> None:
+    # a victim that left, came back, left again; one other replica taken out after the fault, one before it
+    watch = _watch((1.0, {"v": True, "a": True, "b": False}), (5.0, {"v": False, "a": True, "b": False}),
+                   (6.0, {"v": True, "a": True, "b": True}), (7.0, {"v": False, "a": False, "b": True}),
+                   (9.0, {"a": True, "b": True}))
+    assert watch.exits("v", 2.0) == 2
+    assert watch.exits("v", 6.5) == 1
+    assert watch.left("v", 2.0) == 5.0
+    assert watch.others_out("v", 2.0) == {"a"}  # b was already out before the fault: not the fault's doing
+    calm = _watch((1.0, {"v": True, "a": True}), (5.0, {"v": False, "a": True}))
+    assert calm.exits("v", 2.0) == 1 and calm.others_out("v", 2.0) == frozenset()
+
+
+def test_a_gray_fault_of_any_length_is_named_for_it() -> None:
+    assert {key: gray(key).name for key in GRAY}["loss30"] == "30 % packet loss 60 s"
+    long = gray("flap", 180)
+    assert long.name == "link flapping (down 1 s, up 2 s) 180 s" and long.seconds == 180 + GRAY_AFTER
+    assert FAULTS["slow2500"].name == "answers 2.5 s late 60 s"

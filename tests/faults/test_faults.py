@@ -15,7 +15,7 @@ from functools import partial
 
 import pytest
 
-from devtools.faults import FAULTS, Faults
+from devtools.faults import FAULTS, GRAY, Faults
 from devtools.nodes import Cluster
 
 from .conftest import MEASURED
@@ -37,6 +37,11 @@ def test_a_fault_costs_at_most_a_few_pods(cluster: Cluster, faults: Faults, key:
     assert result.refused <= MOST_REFUSED[key], result.line()
     if key in LEAVES_WITHIN:
         assert result.left_endpoints is not None and result.left_endpoints <= LEAVES_WITHIN[key], result.line()
+    if key in GRAY:
+        # The replica with the bad link may leave (once: a flapping one stays out until it is clean), the others
+        # never: their voters discount what a replica behind the lossy link says of them.
+        assert not result.others_out, result.line()
+        assert result.exits <= 1, result.line()
 
 
 def test_a_deployment_created_as_a_node_dies_is_whole_soon_after(cluster: Cluster, faults: Faults) -> None:
