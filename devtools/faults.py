@@ -59,6 +59,10 @@ class Count:
     exits: int = 0
     #: The other replicas' addresses seen not ready after the fault: healthy replicas taken out.
     others_out: frozenset[str] = frozenset()
+    #: Halfway through a gray fault: the victim's readiness-gate message, and each other replica's
+    #: `hami_mt_webhook_peer_failure_ratio` of it (what an operator would read then).
+    midway: str = ""
+    ratios: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
         window = "" if self.window is None else f" over {self.window:.1f} s"
@@ -66,8 +70,12 @@ class Count:
         kinds = "; ".join(f"{n}x {k}" for k, n in self.errors.most_common(2))
         exits = f", out {self.exits} times" if self.exits > 1 else ""
         others = f"; others out: {', '.join(sorted(self.others_out))}" if self.others_out else ""
+        midway = ""
+        if self.midway or self.ratios:
+            ratios = ", ".join(f"{100 * r:.0f} %" for _, r in sorted(self.ratios.items()))
+            midway = f"; halfway: {self.midway or 'no verdict'!r}, others' failure ratio {ratios or '-'}"
         return (f"{self.fault}: {self.refused} of {self.sent} refused{window}; endpoint not ready after {left}"
-                f"{exits}{others}" + (f" ({kinds})" if kinds else ""))
+                f"{exits}{others}" + (f" ({kinds})" if kinds else "") + midway)
 
 
 def count(fault: str, outcomes: list[Outcome], at: float, endpoints: EndpointWatch, victim: str) -> Count:
@@ -265,11 +273,27 @@ class Faults:
         connection is dialled and kept-alive connections stay pinned to it, so one replica may take them all
         and a fault elsewhere would cost nothing: the fault goes where the calls go."""
         def connections(pod: dict[str, Any]) -> float:
-            text = self.cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/"
-                                        f"{pod['metadata']['name']}:9090/proxy/metrics", check=False).stdout
-            found = re.search(r"^hami_mt_webhook_connections (\S+)$", text, re.M)
+            found = re.search(r"^hami_mt_webhook_connections (\S+)$", self.scrape(pod), re.M)
             return float(found.group(1)) if found else 0.0
         return max(self.replicas(), key=connections)
+
+    def scrape(self, pod: dict[str, Any]) -> str:
+        """A replica's metrics, through the API server's pod proxy ("" when it does not answer)."""
+        return self.cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/"
+                                    f"{pod['metadata']['name']}:9090/proxy/metrics", check=False).stdout
+
+    def observe(self, victim: dict[str, Any], result: Count) -> None:
+        """What an operator reads about `victim` now: its gate's message, the others' failure ratio of it."""
+        name = victim["metadata"]["name"]
+        pods = self.replicas()
+        gate = next((c for p in pods if p["metadata"]["name"] == name
+                     for c in p["status"].get("conditions", []) if c["type"] == CONDITION), {})
+        result.midway = gate.get("message", "")
+        for pod in pods:
+            if pod["metadata"]["name"] != name and (found := re.search(
+                    rf'^hami_mt_webhook_peer_failure_ratio{{peer="{re.escape(name)}"}} (\S+)$', self.scrape(pod),
+                    re.M)):
+                result.ratios[pod["metadata"]["name"]] = float(found.group(1))
 
     def measure(self, key: str, node: str | None = None, seconds: float | None = None) -> Count:
         """`FAULTS[key]` (a gray one lasting `seconds` if given) done under traffic to the replica on `node`, or
@@ -287,10 +311,20 @@ class Faults:
                 node = self.killed if key == "back" else self.busiest()["spec"]["nodeName"]
             victim = self.victim(node)
             at = time.time()
-            fault.act(self.cluster, victim["metadata"]["name"], node)
+            seen = Count(fault.name, 0, 0, None, None)
+            halfway = threading.Timer((fault.seconds - GRAY_AFTER) / 2, self.observe, (victim, seen))
+            if key in GRAY:
+                halfway.start()
+            try:
+                fault.act(self.cluster, victim["metadata"]["name"], node)
+            finally:
+                halfway.cancel()
+                if halfway.is_alive():
+                    halfway.join()
         if key == "node":
             self.killed = node
         result = count(fault.name, creator.outcomes, at, endpoints, victim["status"].get("podIP", ""))
+        result.midway, result.ratios = seen.midway, seen.ratios
         if key != "node":
             self.settled()
         return result

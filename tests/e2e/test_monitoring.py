@@ -206,11 +206,17 @@ def test_every_rule_is_loaded_and_evaluates_without_error(run: Run) -> None:
         assert rule["health"] == "ok" and not rule.get("lastError"), (name, rule.get("lastError"))
 
 
+#: Alerts on series a replica exports only once it probes other replicas: the webhook scraped here runs alone.
+#: The fault tier reads that series from real replicas (tests/faults: the others' failure ratio of a lossy one).
+WITH_PEERS_ONLY = {"HamiMtWebhookPeerLinkLossy"}
+
+
 @pytest.mark.parametrize("alert", [a["alert"] for a in monitoring.alerts(monitoring.component_rules())])
 def test_every_rule_names_only_metrics_and_labels_the_scrape_has(run: Run, alert: str) -> None:
     expr = expr_of(run.rules, alert)
     run.prometheus.query(expr)  # evaluates; an error raises with Prometheus's message
-    names_only_what_the_scrape_has(run.prometheus, expr, run.since)
+    if alert not in WITH_PEERS_ONLY:
+        names_only_what_the_scrape_has(run.prometheus, expr, run.since)
 
 
 @pytest.mark.parametrize(("title", "expr"), monitoring.dashboard_queries(monitoring.dashboard()))

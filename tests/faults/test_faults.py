@@ -11,6 +11,7 @@ the replica the API server's connections go to at the time: its node is killed l
 
 from __future__ import annotations
 
+import re
 from functools import partial
 
 import pytest
@@ -42,6 +43,10 @@ def test_a_fault_costs_at_most_a_few_pods(cluster: Cluster, faults: Faults, key:
         # never: their voters discount what a replica behind the lossy link says of them.
         assert not result.others_out, result.line()
         assert result.exits <= 1, result.line()
+    if key in ("loss30", "loss60"):
+        # what an operator reads halfway: the verdict's reason on the gate, the ratio from both other replicas
+        assert re.search(r"lost \d+ % of probes over 5 s; [23] of 3 replicas agree", result.midway), result.line()
+        assert len(result.ratios) == 2 and min(result.ratios.values()) >= 0.25, result.line()
 
 
 def test_a_deployment_created_as_a_node_dies_is_whole_soon_after(cluster: Cluster, faults: Faults) -> None:

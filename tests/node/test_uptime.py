@@ -40,19 +40,28 @@ CONFIGS = (("mutatingwebhookconfiguration", "hami-mt-webhook"), ("validatingwebh
            ("validatingwebhookconfiguration", "hami-mt-webhook-warn"))
 
 
+#: Seconds of traffic kept up once the operation is over: what goes wrong just after it (a replica put back
+#: too early, a late restart) is counted too, and the window no longer than that.
+TAIL = 8.0
+
+
 @contextmanager
 def load(node: Cluster, lt: LoopThread, what: str, seconds: float) -> Iterator[PodCreator]:
-    """Slice pods created at RATE for `seconds` in a namespace of their own; on leaving, every creation
-    must have succeeded, and no replica may have restarted or logged a traceback."""
+    """Slice pods created at RATE in a namespace of their own while the block runs and TAIL seconds after,
+    `seconds` at the most; on leaving, every creation must have succeeded, and no replica may have restarted
+    or logged a traceback."""
     ns = "load-" + re.sub(r"[^a-z0-9]+", "-", what.lower()).strip("-")[:40]
     started = time.monotonic()
     with creating(node.controlplane, lt, ns, RATE, seconds) as creator:
         yield creator
-    total = int(RATE * seconds)
-    MEASURED.append(f"{what}: {creator.results[201]}/{total} pods created, {len(creator.failures)} failed "
+        time.sleep(max(0.0, min(TAIL, started + seconds - time.monotonic())))
+        creator.stop()
+        stopped = time.monotonic()
+    sent = len(creator.outcomes)
+    MEASURED.append(f"{what}: {creator.results[201]}/{sent} pods created, {len(creator.failures)} failed "
                     f"({time.monotonic() - started:.0f} s)")
     assert creator.failures == [], (creator.failures[:5], verdicts(node))
-    assert creator.results[201] == total
+    assert creator.results[201] == sent >= RATE * (min(seconds, stopped - started) - 1), "the rate was not kept"
     assert_replicas_healthy(node)
 
 
