@@ -142,7 +142,7 @@ test-faults-floor: setup controlplane-floor node-tools netpol-tools kube-network
 
 FAULTS_ARGS ?=
 
-faults: setup controlplane node-tools  ## figures, not a test: every fault with failover off, then on, in one run (FAULTS_ARGS="--version floor")
+faults: setup controlplane node-tools  ## figures, not a test: every fault with failover off, then on, and each gray one again for 180 s, in one run (FAULTS_ARGS="--version floor")
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
 	$(PY) -m devtools.faults $(FAULTS_ARGS)
 
