@@ -277,6 +277,7 @@ def test_deployment_container(docs: list[dict[str, Any]]) -> None:
         "--owned-annotations", ",".join(BIND_ANNOTATIONS), "--annotation-owners", ",".join(ANNOTATION_OWNERS),
         "--peer-selector", "app.kubernetes.io/name=hami-mt-webhook", "--peer-interval", "0.1",
         "--peer-timeout", "0.5", "--peer-silent-after", "0.75", "--peer-recover-after", "1",
+        "--peer-window", "5", "--peer-late-after", "0.15", "--peer-fail-percent", "25", "--peer-clean-percent", "5",
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["https"] == 8443 and ports["metrics"] == 9090
