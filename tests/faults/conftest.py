@@ -1,7 +1,7 @@
 """The fault tier: three real nodes, the chart's replicas one per node, a replica or its node broken while
 slice pods are created at 20 a second (`devtools.faults`).
 
-It needs what the node tier needs (root, `make node-tools`, the image) and about ten minutes, so it runs
+It needs what the node tier needs (root, `make node-tools`, the image) and about twenty minutes, so it runs
 only when asked: `pytest -m faults` (`make test-faults`, `KUBE_VERSION` as for the other tiers). What it
 measured is printed at the end of the run.
 """
