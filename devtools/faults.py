@@ -31,6 +31,7 @@ from typing import Any
 from devtools import local
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, Outcome, creating
+from hami_mt_webhook.service.peerview import CONDITION
 
 __all__ = ["FAULTS", "GRAY", "Count", "EndpointWatch", "Fault", "Faults", "gray", "main"]
 
@@ -39,7 +40,6 @@ RATE = 20  # slice pods per second
 LEAD = 3.0
 NAMESPACE = local.NAMESPACE
 SERVICE = local.RELEASE
-CONDITION = "hami-mt.mthreads.com/answering"
 
 
 @dataclass
@@ -311,7 +311,7 @@ class Faults:
                 node = self.killed if key == "back" else self.busiest()["spec"]["nodeName"]
             victim = self.victim(node)
             at = time.time()
-            seen = Count(fault.name, 0, 0, None, None)
+            seen = Count(fault.name, 0, 0, None, None)  # its midway and ratios filled halfway through
             halfway = threading.Timer((fault.seconds - GRAY_AFTER) / 2, self.observe, (victim, seen))
             if key in GRAY:
                 halfway.start()
