@@ -435,7 +435,12 @@ class Cluster:
     def delay_pod(self, namespace: str, name: str, seconds: float, ports: Sequence[int]) -> None:
         """What the pod sends from `ports` held `seconds` before it leaves, until `heal_pod`: connections that
         reach its eth0 on those ports are redirected to a relay in its network namespace (`devtools.delayer`:
-        this kernel has no `sch_netem`)."""
+        this kernel has no `sch_netem`).
+
+        NAT decides once per connection, so one open before the redirect would bypass the relay for as long as
+        it lives (a peer's or kube-apiserver's kept-alive one: the fault would reach some callers and not
+        others). Those are aborted (`ss -K`, a reset to the caller) once the redirect is in place, and every
+        caller meets the delay on its next connection, as all would behind a slow link."""
         _host, _cgroup, netns, _mac, _veth = self._veth(namespace, name)
         pairs = [f"{p + DELAY_PORT_OFFSET}:{p}" for p in ports]
         relay = subprocess.Popen(["nsenter", f"--net={netns}", sys.executable, "-m", "devtools.delayer", "--delay",
@@ -448,6 +453,9 @@ class Cluster:
             self.heal_pod(namespace, name)
             raise NodeError(f"pod {namespace}/{name}: the delaying relay did not start")
         subprocess.run(["nsenter", f"--net={netns}", "nft", delay_rules(ports)], check=True, timeout=30)
+        served = " or ".join(f"sport = :{p}" for p in ports)
+        subprocess.run(["nsenter", f"--net={netns}", "ss", "-K", "-tn", "state", "established",
+                        f"( {served} ) and not dst 127.0.0.1"], check=True, capture_output=True, timeout=30)
 
     def heal_pod(self, namespace: str, name: str) -> None:
         """Undo `lose_pod`, `flap_pod` and `delay_pod` on the pod: its loss table and redirect gone, its relay
