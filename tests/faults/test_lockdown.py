@@ -1,8 +1,10 @@
 """Locked down, on the fault tier's three nodes while slice pods are created at 20 a second (issue 45):
 
 - a flood of 19,000 connections from one pod on another node, to every port of the replica kube-apiserver's
-  calls go to, leaves that replica's memory under the chart's limit, its readiness and every replica's place
-  in the endpoints as they were, and refuses no pod;
+  calls go to, leaves that replica's memory under the chart's limit and kubelet's probes of every replica
+  passing, and refuses no pod. The flooded replica, CPU-starved, may answer its peers late enough to be taken
+  out by failover's majority verdict (a gray failure, issue 47): at most once, never another replica, and
+  back once the flood ends;
 - the chart's NetworkPolicies, enforced by kube-network-policies on every node (`devtools.netpol`), let
   kube-apiserver's calls, kubelet's probes, the replicas' probes of each other and a scrape from the
   monitoring namespace through, through an install, a rollout and a crash with none refused, and nothing
@@ -30,6 +32,7 @@ from devtools.netpol import Enforcer
 from devtools.node import FABRIC_IP
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, Outcome, creating
+from hami_mt_webhook.service.peerview import CONDITION
 from tests.node.pods import connect, in_pod, pause_pod
 
 from .conftest import MEASURED
@@ -76,10 +79,9 @@ def p(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else 0.0
 
 
-def gates(faults: Faults) -> dict[str, bool]:
-    """Each replica's Ready and failover's readiness gate, both True."""
-    return {pod["metadata"]["name"]: all(c["status"] == "True" for c in pod["status"].get("conditions", [])
-                                         if c["type"] in ("Ready", "hami-mt.mthreads.com/answering"))
+def conditions(faults: Faults, kind: str) -> dict[str, dict[str, str]]:
+    """Each replica's condition `kind` (`{}` where it has none)."""
+    return {pod["metadata"]["name"]: next((c for c in pod["status"].get("conditions", []) if c["type"] == kind), {})
             for pod in faults.replicas()}
 
 
@@ -104,7 +106,7 @@ def test_a_flood_from_one_pod_to_every_port_leaves_a_replica_serving(
     prefix = in_pod(cluster, "lockdown-flood", attacker)
     flooders = [attacks.Flooder(kind, count, port, tmp_path / f"{kind}.log", prefix=prefix, host=ip)
                 for kind, port, count in FLOODS]
-    peak, unready = before, set()
+    peak, unready, verdicts = before, set(), set()
     try:
         assert all(f.wait_holding(180) for f in flooders), [f.proc.poll() for f in flooders]
         held = cluster.pod_memory(NS)[name]
@@ -113,7 +115,9 @@ def test_a_flood_from_one_pod_to_every_port_leaves_a_replica_serving(
                 creating(cluster.controlplane, lt, "lockdown-flood-traffic", RATE, 30) as creator:
             for _ in range(30):
                 peak = max(peak, cluster.pod_memory(NS).get(name, 0))
-                unready |= {n for n, ok in gates(faults).items() if not ok}
+                unready |= {n for n, c in conditions(faults, "Ready").items() if c.get("status") != "True"}
+                verdicts |= {(n, c.get("message", "")) for n, c in conditions(faults, CONDITION).items()
+                             if c.get("status") == "False"}
                 time.sleep(1)
     finally:
         stats = [f.stop() for f in flooders]
@@ -128,13 +132,17 @@ def test_a_flood_from_one_pod_to_every_port_leaves_a_replica_serving(
         f"{len(creator.outcomes) - len(refused(creator.outcomes))}/{len(creator.outcomes)} slice pods created; "
         f"creation p50/p99 {p(took, 0.5) * 1000:.0f}/{p(took, 0.99) * 1000:.0f} ms (calm "
         f"{p(calm_took, 0.5) * 1000:.0f}/{p(calm_took, 0.99) * 1000:.0f}); working set {before / 2**20:.0f} MiB "
-        f"before, {held / 2**20:.0f} held, peak {peak / 2**20:.0f}, {after / 2**20:.0f} after")
+        f"before, {held / 2**20:.0f} held, peak {peak / 2**20:.0f}, {after / 2**20:.0f} after; taken out by "
+        f"failover {endpoints.exits(ip, at)} time(s){''.join(sorted({f' ({m})' for _, m in verdicts}))}")
     assert not refused(calm.outcomes) and not refused(creator.outcomes), refused(creator.outcomes)[:3]
     assert peak < memory_limit() * 0.75, peak
-    assert not unready, unready  # kubelet's probes and failover's gates answered throughout
-    # no failover verdict, against the flooded replica or by it against another
-    replicas = {r["status"]["podIP"] for r in faults.replicas()}
-    assert all(endpoints.left(address, at) is None for address in replicas), endpoints.changes
+    assert not unready, unready  # kubelet's probes answered throughout
+    # failover may judge the flooded replica, CPU-starved, as a gray failure: by a majority, once, never another
+    assert {n for n, _ in verdicts} <= {name}, verdicts
+    assert all("replicas agree" in message for _, message in verdicts), verdicts
+    assert not endpoints.others_out(ip, at), endpoints.changes
+    assert endpoints.exits(ip, at) <= 1, endpoints.changes
+    faults.settled(60)  # and puts it back once it answers cleanly again
     victim_now = cluster.pod(NS, name)
     assert victim_now["status"]["containerStatuses"][0]["restartCount"] == restarts
 
@@ -204,7 +212,8 @@ def test_only_each_ports_caller_reaches_it(cluster: Cluster, faults: Faults, enf
     finally:
         for namespace in ("lockdown-stranger", "monitoring"):
             cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
-    assert all(gates(faults).values())  # kubelet's probes and the replicas' probes of each other pass
+    assert all(c.get("status") == "True" for kind in ("Ready", CONDITION)  # kubelet's probes and the
+               for c in conditions(faults, kind).values())  # replicas' probes of each other pass
     MEASURED.append(f"NetworkPolicies enforced: a pod of another namespace reached none of {len(replicas) * 3} "
                     "ports of the replicas; the monitoring namespace scraped each replica's metrics port only; "
                     "kube-apiserver's address the webhook port only")
