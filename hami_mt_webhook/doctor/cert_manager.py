@@ -17,20 +17,14 @@ from typing import Any
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
+from ..audit.objects import Obj, mapping, metadata, name_of, namespace_of, ref, sequence
 from .model import (
     Cluster,
     Finding,
-    Obj,
     Settings,
     counted,
     few,
-    mapping,
-    metadata,
-    name_of,
-    namespace_of,
-    ref,
     registered,
-    sequence,
     timestamp,
     unique,
 )

@@ -9,10 +9,11 @@ from typing import Any
 
 import yaml
 
+from ..audit.findings import MIGRATION
+from ..audit.objects import mapping, metadata, name_of, namespace_of, ref, sequence
 from ..rules.selectors import webhook_called
 from .model import (
     HAMI_WEBHOOK,
-    MIGRATION,
     NEWEST_TESTED,
     OLDEST_TESTED,
     VENDOR_COMPONENTS,
@@ -22,14 +23,8 @@ from .model import (
     all_webhooks,
     few,
     live_pods,
-    mapping,
-    metadata,
-    name_of,
-    namespace_of,
     node_reports,
-    ref,
     registered,
-    sequence,
     timestamp,
     unique,
 )

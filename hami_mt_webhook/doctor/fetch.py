@@ -26,9 +26,11 @@ from kubernetes import client
 from kubernetes import config as kubeconfig_loader
 from kubernetes.config.config_exception import ConfigException
 
+from ..audit import objects
+from ..audit.objects import Obj
 from . import cert_manager, model, serving
 from .components import device_configmap
-from .model import Cluster, Obj, Served
+from .model import Cluster, Served
 
 __all__ = ["Api", "CannotRun", "read"]
 
@@ -172,22 +174,22 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
     hooks = [(kind, hook) for kind, _, hook in model.all_webhooks(cluster)]
     ours = model.registered(cluster)
     for _, _, hook in ours.values():
-        svc = model.mapping(model.mapping(hook.get("clientConfig")).get("service"))
+        svc = objects.mapping(objects.mapping(hook.get("clientConfig")).get("service"))
         named = (svc.get("namespace"), svc.get("name"))
-        if svc and not any((model.namespace_of(s), model.name_of(s)) == named for s in cluster.services):
+        if svc and not any((objects.namespace_of(s), objects.name_of(s)) == named for s in cluster.services):
             found = api.optional(f"/api/v1/namespaces/{svc.get('namespace')}/services/{svc.get('name')}",
                                  f"Service {svc.get('namespace')}/{svc.get('name')}", cluster)
             if found is not None:
                 cluster.services.append(found)
     for _, hook in hooks:
         if hook.get("name") == model.HAMI_WEBHOOK:
-            ns, name = device_configmap(model.mapping(hook.get("clientConfig")))
+            ns, name = device_configmap(objects.mapping(hook.get("clientConfig")))
             found = api.optional(f"/api/v1/namespaces/{ns}/configmaps/{name}", f"ConfigMap {ns}/{name}",
                                  cluster)
             if found is not None:
                 cluster.configmaps.append(found)
     for _, _, hook in ours.values():
-        client_config = model.mapping(hook.get("clientConfig"))
+        client_config = objects.mapping(hook.get("clientConfig"))
         key = model.endpoint(client_config)
         if key not in cluster.served:
             cluster.served[key] = _served(api, cluster, client_config, probe)
@@ -203,16 +205,16 @@ def _served(api: Api, cluster: Cluster, client_config: Mapping[str, Any], probe:
         return Served(pem=probe(host, port), source=f"served at {host}:{port}")
     except (OSError, ssl.SSLError) as err:
         reached = f"{host}:{port} is not reachable from here ({err.strerror or err})"
-    if not model.mapping(client_config.get("service")):
+    if not objects.mapping(client_config.get("service")):
         return Served(error=reached)
     tried = []
     for deploy, name in serving.mounted_secrets(cluster, client_config):
-        ns = model.namespace_of(deploy)
+        ns = objects.namespace_of(deploy)
         what = f"Secret {ns}/{name}"
-        crt = model.mapping((_secret(api, cluster, ns, name) or {}).get("data")).get("tls.crt")
+        crt = objects.mapping((_secret(api, cluster, ns, name) or {}).get("data")).get("tls.crt")
         if crt:
             return Served(pem=base64.b64decode(crt),
-                          source=f"in {what} (mounted by Deployment {model.ref(deploy)})")
+                          source=f"in {what} (mounted by Deployment {objects.ref(deploy)})")
         tried.append(f"{what}: {cluster.unreadable.get(what, 'no tls.crt in it')}")
     if tried:
         return Served(error=f"{reached}; {'; '.join(tried)}")
@@ -233,10 +235,10 @@ def _secret(api: Api, cluster: Cluster, namespace: str, name: str) -> Obj | None
     body = api.optional(f"/api/v1/namespaces/{namespace}/secrets/{name}", what, cluster)
     if body is None:
         return None
-    meta = model.metadata(body)
+    meta = objects.metadata(body)
     kept: Obj = {"metadata": {"name": name, "namespace": namespace,
-                              "annotations": dict(model.mapping(meta.get("annotations")))},
-                 "data": {k: v for k, v in model.mapping(body.get("data")).items() if k in SECRET_KEYS}}
+                              "annotations": dict(objects.mapping(meta.get("annotations")))},
+                 "data": {k: v for k, v in objects.mapping(body.get("data")).items() if k in SECRET_KEYS}}
     cluster.secrets.append(kept)
     return kept
 
@@ -262,14 +264,14 @@ def _cert_manager(api: Api, cluster: Cluster) -> None:
         return
     listed: set[str] = set()
     named = [(ns, name) for _, _, annotation, ns, name in injected if annotation == cert_manager.INJECT_CA_FROM]
-    mounted = [(model.namespace_of(deploy), name) for deploy, name in serving.serving_secrets(cluster)]
+    mounted = [(objects.namespace_of(deploy), name) for deploy, name in serving.serving_secrets(cluster)]
     for ns in dict.fromkeys(ns for ns, _ in [*named, *mounted] if ns):
         _certificates(api, cluster, ns, listed)
     for ns, name in named:
         if ns and ns not in listed and cert_manager.certificate(cluster, ns, name) is None:
             _custom(api, cluster, "Certificate", "certificates", ns, name, cluster.certificates)
     serving_certs = cert_manager.serving_certificates(cluster)
-    written = {(model.namespace_of(c), cert_manager.secret_name(c)) for c in serving_certs}
+    written = {(objects.namespace_of(c), cert_manager.secret_name(c)) for c in serving_certs}
     for ns, name in [m for m in mounted if m in written] or mounted:  # the TLS Secret, not every mounted one
         _secret(api, cluster, ns, name)
     for cert in serving_certs:
@@ -299,8 +301,8 @@ def _certificates(api: Api, cluster: Cluster, namespace: str, listed: set[str]) 
         return
     listed.add(namespace)
     for item in body.get("items") or []:
-        if isinstance(item, dict) and cert_manager.certificate(cluster, model.namespace_of(item),
-                                                               model.name_of(item)) is None:
+        if isinstance(item, dict) and cert_manager.certificate(cluster, objects.namespace_of(item),
+                                                               objects.name_of(item)) is None:
             cluster.certificates.append({**item, "kind": "Certificate"})
 
 

@@ -4,17 +4,15 @@ objects that the check modules share."""
 from __future__ import annotations
 
 import datetime as dt
-import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..admission import configurations
+from ..audit import registrations
+from ..audit.objects import Obj, mapping, metadata, sequence
 from ..rules.capacity import NodeReport, report
 from ..rules.config import Config
-
-Obj = dict[str, Any]
 
 #: The vendor's sGPU scheduler and webhook, by the names the HAMi guide and the operator guide give them.
 VENDOR_COMPONENTS = ("mt-gpu-webhook", "mt-gpu-scheduler", "mt-gpu-scheduler-controller",
@@ -25,7 +23,6 @@ HAMI_WEBHOOK = "vgpu.hami.io"
 CARD_COUNT_LABEL = "mthreads.com/gpu.count"
 #: Labels that pin a node, not a card model.
 NODE_IDENTITY_LABELS = frozenset({"kubernetes.io/hostname"})
-MIGRATION = "docs/migration.md"
 #: The Kubernetes minors this release is tested on, (major, minor): the oldest is the chart's kubeVersion
 #: floor, CI runs the end-to-end tier on both ends, docs/compatibility.md has every minor between.
 OLDEST_TESTED, NEWEST_TESTED = (1, 30), (1, 37)
@@ -109,23 +106,6 @@ Check = Callable[[Cluster, Settings], list[Finding]]
 
 # --- helpers over plain objects ------------------------------------------------------------------------
 
-def metadata(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
-    return meta if isinstance(meta, Mapping) else {}
-
-
-def name_of(obj: Mapping[str, Any]) -> str:
-    return str(metadata(obj).get("name") or "")
-
-
-def namespace_of(obj: Mapping[str, Any]) -> str:
-    return str(metadata(obj).get("namespace") or "")
-
-
-def ref(obj: Mapping[str, Any]) -> str:
-    return f"{namespace_of(obj)}/{name_of(obj)}" if namespace_of(obj) else name_of(obj)
-
-
 def timestamp(text: Any) -> dt.datetime | None:
     """An RFC 3339 time as the API server writes it (`2025-01-02T03:04:05Z`), or None."""
     try:
@@ -133,14 +113,6 @@ def timestamp(text: Any) -> dt.datetime | None:
     except ValueError:
         return None
     return parsed.replace(tzinfo=dt.UTC) if parsed is not None and parsed.tzinfo is None else parsed
-
-
-def mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
-def sequence(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
 
 
 def _webhooks(configs: Iterable[Obj], kind: str) -> Iterable[tuple[str, Obj, Obj]]:
@@ -195,18 +167,9 @@ def few(names: list[str], limit: int = 3) -> str:
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-@functools.cache
-def shipped_webhooks() -> tuple[tuple[str, str, Obj], ...]:
-    """(kind, configuration name, webhook) of every webhook this project ships (read, never changed)."""
-    return tuple((doc["kind"], doc["metadata"]["name"], hook)
-                 for doc in configurations.webhook_configurations() for hook in doc.get("webhooks", []))
-
-
 def registered(cluster: Cluster) -> dict[str, tuple[str, Obj, Obj]]:
     """This project's webhooks as registered, by webhook name (the configurations may be renamed)."""
-    shipped = {hook["name"] for _, _, hook in shipped_webhooks()}
-    return {str(hook.get("name")): (kind, doc, hook) for kind, doc, hook in all_webhooks(cluster)
-            if hook.get("name") in shipped}
+    return registrations.registered(all_webhooks(cluster))
 
 
 def unique(findings: list[Finding]) -> list[Finding]:

@@ -6,8 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..admission.chart import flag_and_value
+from ..audit.findings import node_results
+from ..audit.objects import mapping, metadata, name_of, ref, sequence
 from ..rules.capacity import ClusterView, NodeReport, report
-from ..rules.config import CARD_SIZES, CORES_PER_CARD
 from ..rules.quantities import QuantityError, whole
 from ..rules.shape import asks_for_slices
 from .model import (
@@ -18,65 +19,16 @@ from .model import (
     Settings,
     counted,
     live_pods,
-    mapping,
-    metadata,
-    name_of,
     node_reports,
-    ref,
-    sequence,
 )
 
 # --- nodes -------------------------------------------------------------------------------------------------
 
-#: Where advice says to add a card size: the flag, and the chart value that sets it.
-MEMORY_PER_CARD = flag_and_value("--memory-per-card")
-
-
 def capacity(cluster: Cluster, settings: Settings) -> list[Finding]:
-    """Per-card capacities: a known card size, an overcommitted one, or a report that is no sliced card."""
-    config = settings.config
-    known = sorted(CARD_SIZES | set(config.memory_per_card))
-    found = []
-    for node in cluster.nodes:
-        caps = mapping(mapping(node.get("status")).get("capacity"))
-        if config.core not in caps:
-            continue
-        where = f"Node {name_of(node)}"
-        r = report(node, config)
-        if r is None:
-            try:
-                cores = whole(caps.get(config.core))
-            except QuantityError:
-                cores = -1
-            if cores == 0:
-                continue  # no card sliced on this node
-            found.append(Finding("capacity", where,
-                                 f"reports {config.core} {str(caps.get(config.core))[:64]} and "
-                                 f"{config.memory} {str(caps.get(config.memory, 0))[:64]}, which is no "
-                                 f"sliced-card report ({CORES_PER_CARD} {config.core} a card, at least 2 "
-                                 "units of memory a card): the webhook and hami-scheduler ignore the node; "
-                                 "check the vendor's device plugin and sGPU settings on it"))
-            continue
-        if config.known_size(r.per_card):
-            continue
-        below = [k for k in known if k < r.per_card <= 2 * k]
-        if below:
-            base = max(below)
-            found.append(Finding("capacity", where,
-                                 f"reports {r.per_card} units of {config.memory} per card, "
-                                 f"{r.per_card / base:.2f} times a {base}-unit card: the vendor's "
-                                 "overcommit_ratio is likely in the report, and whole-card fills on it get "
-                                 f"{r.per_card}; if that is intended add {r.per_card} to {MEMORY_PER_CARD} "
-                                 "and to HAMi's memoryPerCard, else set overcommit_ratio to 1.0 "
-                                 "(docs/mixed-clusters.md#overcommitted-memory)"))
-        else:
-            found.append(Finding("capacity", where,
-                                 f"reports {r.per_card} units of {config.memory} per card, which is no card "
-                                 f"size ({', '.join(map(str, known))}) nor an overcommitted one: check the "
-                                 f"node's report (kubectl get node {name_of(node)} -o "
-                                 f"jsonpath='{{.status.capacity}}'); if it is right, add {r.per_card} to "
-                                 f"{MEMORY_PER_CARD}"))
-    return found
+    """Per-card capacities: a known card size, an overcommitted one, or a report that is no sliced card (the
+    audit's engine judges, `audit.findings.node_results`)."""
+    return [Finding("capacity", f"Node {name_of(node)}", r.message)
+            for node in cluster.nodes for r in node_results(node, settings.config) or ()]
 
 
 def _taints(node: Mapping[str, Any]) -> set[tuple[str, str, str]]:

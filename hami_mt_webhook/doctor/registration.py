@@ -8,6 +8,8 @@ from typing import Any
 
 from cryptography import x509
 
+from ..audit.objects import mapping, name_of, namespace_of, ref, sequence
+from ..audit.registrations import shipped_webhooks
 from ..rules.config import Config
 from ..rules.selectors import selector_matches
 from .model import (
@@ -17,13 +19,7 @@ from .model import (
     counted,
     endpoint,
     endpoint_host,
-    mapping,
-    name_of,
-    namespace_of,
-    ref,
     registered,
-    sequence,
-    shipped_webhooks,
     unique,
 )
 from .serving import bundle, common_name, deployments_behind, pod_labels, signs

@@ -11,8 +11,9 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import NameOID
 
+from ..audit.objects import Obj, mapping, metadata, name_of, namespace_of, sequence
 from ..rules.selectors import labels_match
-from .model import Cluster, Obj, mapping, metadata, name_of, namespace_of, registered, sequence
+from .model import Cluster, registered
 
 # --- the Deployments behind the webhook's Service, and the Secrets they mount ---------------------------
 
