@@ -31,7 +31,7 @@ from ..rules.shape import asks_for_slices
 from .objects import Obj, Subject, controller_of, mapping, metadata, name_of, namespace_of
 from .registrations import Modes
 
-__all__ = ["FAIL", "MIGRATION", "PASS", "POD_HANDLER", "WARN", "WORKLOAD_HANDLER", "Audit", "NotReady",
+__all__ = ["FAIL", "MIGRATION", "PASS", "POD_HANDLER", "WARN", "WORKLOAD_HANDLER", "Audit", "Auditing", "NotReady",
            "Result", "Snapshot", "as_created", "audit", "node_results", "pod_results", "scheduler_result",
            "workload_results"]
 
@@ -81,31 +81,51 @@ class Audit:
     judged: int = 0
 
 
+class Auditing:
+    """A pass in progress: objects are judged as they are read, a page at a time, into `result` (a pass never
+    holds every pod of a large cluster at once). NotReady while `view` is not read."""
+
+    def __init__(self, namespaces: Iterable[Obj], configurations: Iterable[Obj], view: ClusterView,
+                 config: Config) -> None:
+        if not view.ready:
+            raise NotReady("the node view is not read yet")
+        self.modes = Modes.of(configurations, config)
+        self.namespaces = {name_of(n): n for n in namespaces}
+        self.view, self.config = view, config
+        self.result = Audit()
+
+    def _add(self, namespace: str, results: list[Result] | None) -> list[Result]:
+        if results is None:
+            return []
+        self.result.judged += 1
+        self.result.results.extend(results)
+        if not results:
+            self.result.passed[namespace] += 1
+        return results
+
+    def pod(self, pod: Obj) -> list[Result]:
+        ns = namespace_of(pod)
+        return self._add(ns, pod_results(pod, self.modes, self.namespaces.get(ns, ns), self.view, self.config))
+
+    def workload(self, workload: Obj) -> list[Result]:
+        ns = namespace_of(workload)
+        mode = self.modes.mode(self.namespaces.get(ns, ns), WORKLOAD_HANDLER)
+        return self._add(ns, workload_results(workload, mode, self.view))
+
+    def node(self, node: Obj) -> list[Result]:
+        return self._add("", node_results(node, self.config))
+
+
 def audit(snapshot: Snapshot, view: ClusterView, config: Config) -> Audit:
     """Every pod, workload and node of `snapshot` judged; NotReady while `view` is not."""
-    if not view.ready:
-        raise NotReady("the node view is not read yet")
-    modes = Modes.of(snapshot.configurations, config)
-    namespaces = {name_of(n): n for n in snapshot.namespaces}
-    out = Audit()
-
-    def add(namespace: str, results: list[Result] | None) -> None:
-        if results is None:
-            return
-        out.judged += 1
-        out.results.extend(results)
-        if not results:
-            out.passed[namespace] += 1
-
+    auditing = Auditing(snapshot.namespaces, snapshot.configurations, view, config)
     for pod in snapshot.pods:
-        ns = namespace_of(pod)
-        add(ns, pod_results(pod, modes, namespaces.get(ns, ns), view, config))
+        auditing.pod(pod)
     for workload in snapshot.workloads:
-        ns = namespace_of(workload)
-        add(ns, workload_results(workload, modes.mode(namespaces.get(ns, ns), WORKLOAD_HANDLER), view))
+        auditing.workload(workload)
     for node in snapshot.nodes:
-        add("", node_results(node, config))
-    return out
+        auditing.node(node)
+    return auditing.result
 
 
 def as_created(pod: Mapping[str, Any], config: Config) -> Obj:

@@ -16,6 +16,7 @@ from . import settings
 from .settings import DEFAULT_CERTS, Setting
 
 if TYPE_CHECKING:
+    from ..service.audit import AuditSettings
     from ..service.peers import Failover
 
 __all__ = ["main"]
@@ -181,6 +182,7 @@ def _serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{setting.flag} must be above 0; got {value!r}")
     limits = Limits(**{setting.dest: getattr(args, setting.dest) for setting in settings.LIMITS})
     failover = _failover(args)
+    audit = _audit(args)
     for path in (args.cert_file, args.key_file):
         if not Path(path).is_file():
             raise ValueError(f"{path}: no such certificate file (create them with `hami-mt-webhook certs`)")
@@ -196,8 +198,35 @@ def _serve(args: argparse.Namespace) -> int:
     # reviews/s on one core), far above any rate at which a cluster creates pods.
     asyncio.run(app.run(state, webhook, health_addr=args.health_listen, health_port=args.health_port,
                        metrics_port=args.metrics_port, node_watch=args.node_watch,
-                       node_selector=args.node_selector, failover=failover))
+                       node_selector=args.node_selector, failover=failover, audit=audit))
     return 0
+
+
+#: Passes closer than this would list every pod of a large cluster more than once a minute.
+MIN_AUDIT_INTERVAL = 10.0
+
+
+def _audit(args: argparse.Namespace) -> AuditSettings | None:
+    """`serve`'s audit settings, checked where they enter: None when --audit-interval is 0."""
+    from ..service.audit import AuditSettings
+
+    if args.audit_interval != 0 and not args.audit_interval >= MIN_AUDIT_INTERVAL:
+        raise ValueError(f"--audit-interval must be 0 (off) or at least {MIN_AUDIT_INTERVAL:g} seconds; got "
+                         f"{args.audit_interval!r}")
+    if not args.audit_event_every > 0:
+        raise ValueError(f"--audit-event-every must be a number of seconds above 0; got {args.audit_event_every!r}")
+    if not args.audit_lease or len(args.audit_lease) > 253:
+        raise ValueError(f"--audit-lease must name a Lease (1 to 253 characters); got {args.audit_lease!r}")
+    if not args.audit_interval:
+        return None
+    missing = [flag for flag, value in (("--pod-name", args.pod_name), ("--pod-namespace", args.pod_namespace))
+               if not value]
+    if missing:
+        raise ValueError(f"--audit-interval {args.audit_interval:g} needs {' and '.join(missing)} (the chart sets "
+                         "them from the downward API: HAMI_MT_POD_NAME, HAMI_MT_POD_NAMESPACE)")
+    return AuditSettings(me=args.pod_name, namespace=args.pod_namespace, interval=args.audit_interval,
+                         lease=args.audit_lease, policy_reports=args.audit_policy_reports == "auto",
+                         events=args.audit_events == "on", event_every=args.audit_event_every)
 
 
 def _failover(args: argparse.Namespace) -> Failover | None:

@@ -168,6 +168,19 @@ SERVE = (
         Setting("--peer-clean-percent", 5, "share of failed or late probes over the window below which an out "
                 "replica may come back"),
     )),
+    *(AUDIT := (
+        Setting("--audit-interval", 0.0, "seconds between passes of the background audit of what admission never "
+                "saw (existing pods, workload templates, nodes' reports), one replica at a time; 0 is off "
+                "(needs --pod-name and --pod-namespace)", unset="off"),
+        Setting("--audit-lease", "hami-mt-webhook-audit", "the Lease in --pod-namespace that picks the replica "
+                "that audits"),
+        Setting("--audit-policy-reports", "auto", "publish the findings as wgpolicyk8s.io PolicyReports where "
+                "their CRDs are installed (auto), or not (off)", choices=("auto", "off")),
+        Setting("--audit-events", "on", "a Warning Event on each workload whose pods admission denies or would "
+                "deny", choices=("on", "off")),
+        Setting("--audit-event-every", 3600.0, "seconds before the same finding on the same workload is an "
+                "Event again"),
+    )),
     Setting("--log-level", "info", "info logs one line per denial and per mutation",
             choices=("debug", "info", "warning", "error")),
     Setting("--log-format", "json", "", choices=("json", "plain")),

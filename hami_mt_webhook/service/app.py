@@ -16,6 +16,7 @@ from typing import Any
 import kopf
 
 from . import nodewatch, probes, quotawatch
+from .audit import Auditor, AuditSettings
 from .listener import Listener
 from .nodefeed import NodeFeed
 from .peers import Failover, Peers
@@ -37,9 +38,10 @@ def register(registry: kopf.OperatorRegistry, state: State) -> None:
 
 async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
               metrics_port: int | None, node_watch: str, node_selector: str | None,
-              failover: Failover | None = None) -> None:
+              failover: Failover | None = None, audit: AuditSettings | None = None) -> None:
     """Run kopf (login, webhook server, signals) with the node and quota watches, the probe and metrics
-    listeners, and with `failover` the replicas' watch of each other (`peers`)."""
+    listeners, with `failover` the replicas' watch of each other (`peers`), and with `audit` the background
+    audit (`audit`: one replica at a time)."""
     gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
     registry = kopf.OperatorRegistry()
     register(registry, state)
@@ -62,6 +64,8 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     if failover is not None:
         peers = Peers(state, login, failover, port=health_port, mode=node_watch)
         tasks.append(asyncio.create_task(peers.run(), name="peers"))
+    if audit is not None:
+        tasks.append(asyncio.create_task(Auditor(state, login, audit).run(), name="audit"))
     table = probes.routes(state, None if peers is None else peers.answer)
     ports = [health_port, *([metrics_port] if metrics_port else [])]
     listeners: list[Listener] = []

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -80,6 +80,21 @@ class Metrics:
                                         "Share of this replica's probes of each other replica that failed or "
                                         "ran late (--peer-late-after) over --peer-window; NaN until the window "
                                         "holds enough probes.", ["peer"], registry=r)
+        self.audit_violations = Gauge("hami_mt_webhook_audit_violations",
+                                      "Objects the last audit pass found that admission denies (a failure) "
+                                      "or would deny (a warning), by rule and namespace; kept by the replica "
+                                      "that audits (empty elsewhere).", ["rule", "namespace"], registry=r)
+        self.audit_duration = Gauge("hami_mt_webhook_audit_duration_seconds",
+                                    "How long the last audit pass took, reading included.", registry=r)
+        self.audit_last_success = Gauge("hami_mt_webhook_audit_last_success_timestamp_seconds",
+                                        "Unix time at which this replica last finished an audit pass.",
+                                        registry=r)
+        self.audit_leader = Gauge("hami_mt_webhook_audit_leader",
+                                  "1 on the replica that holds the audit's Lease.", registry=r)
+        self.audit_requests = Counter("hami_mt_webhook_audit_api_requests",
+                                      "Requests the audit made of the API server, by verb and resource.",
+                                      ["verb", "resource"], registry=r)
+        self._violations: set[tuple[str, str]] = set()
         self._peers_measured: set[str] = set()
         for state in PEER_STATES:
             self.peers.labels(state).set(0)
@@ -132,6 +147,23 @@ class Metrics:
 
     def peer_verdict(self, answering: bool) -> None:
         self._child(self.peer_verdicts, "answering" if answering else "not_answering").inc()
+
+    def audit_done(self, violations: Mapping[tuple[str, str], int], seconds: float) -> None:
+        """A finished pass: its violations replace the last pass's (a fixed one's series goes)."""
+        for gone in self._violations - violations.keys():
+            self.audit_violations.remove(*gone)
+        self._violations = set(violations)
+        for (rule, namespace), n in violations.items():
+            self.audit_violations.labels(rule, namespace).set(n)
+        self.audit_duration.set(seconds)
+        self.audit_last_success.set_to_current_time()
+
+    def audit_lost(self) -> None:
+        """This replica no longer audits: its violations are the new auditor's to export."""
+        for gone in self._violations:
+            self.audit_violations.remove(*gone)
+        self._violations = set()
+        self.audit_leader.set(0)
 
 
 #: Bounds of hami_mt_webhook_review_duration_seconds, in seconds.

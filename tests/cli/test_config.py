@@ -31,6 +31,9 @@ SERVE_ENV = {
     "--peer-silent-after": "HAMI_MT_PEER_SILENT_AFTER", "--peer-recover-after": "HAMI_MT_PEER_RECOVER_AFTER",
     "--peer-window": "HAMI_MT_PEER_WINDOW", "--peer-late-after": "HAMI_MT_PEER_LATE_AFTER",
     "--peer-fail-percent": "HAMI_MT_PEER_FAIL_PERCENT", "--peer-clean-percent": "HAMI_MT_PEER_CLEAN_PERCENT",
+    "--audit-interval": "HAMI_MT_AUDIT_INTERVAL", "--audit-lease": "HAMI_MT_AUDIT_LEASE",
+    "--audit-policy-reports": "HAMI_MT_AUDIT_POLICY_REPORTS", "--audit-events": "HAMI_MT_AUDIT_EVENTS",
+    "--audit-event-every": "HAMI_MT_AUDIT_EVENT_EVERY",
 }
 RULE_FLAGS = {
     "--scheduler-name": "scheduler_name", "--vgpu-resource": "vgpu", "--memory-resource": "memory",
