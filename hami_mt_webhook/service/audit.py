@@ -202,6 +202,8 @@ class Auditor:
         self.last: Audit | None = None
         self._reports_absent = False
         self._next = 0.0
+        if state.metrics is not None:
+            state.metrics.audit_interval.set(settings.interval)
 
     def _count(self, verb: str, resource: str) -> None:
         if self.state.metrics is not None:

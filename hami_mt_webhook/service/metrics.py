@@ -89,6 +89,9 @@ class Metrics:
         self.audit_last_success = Gauge("hami_mt_webhook_audit_last_success_timestamp_seconds",
                                         "Unix time at which this replica last finished an audit pass.",
                                         registry=r)
+        self.audit_interval = Gauge("hami_mt_webhook_audit_interval_seconds",
+                                    "Seconds between audit passes (--audit-interval); 0 while the audit is off.",
+                                    registry=r)
         self.audit_leader = Gauge("hami_mt_webhook_audit_leader",
                                   "1 on the replica that holds the audit's Lease.", registry=r)
         self.audit_requests = Counter("hami_mt_webhook_audit_api_requests",

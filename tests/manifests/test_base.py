@@ -181,12 +181,18 @@ def test_backstop_policy_and_binding(docs: list[dict[str, Any]]) -> None:
 # --- RBAC, Service, Deployment, PDB ---------------------------------------------------------------------
 
 
+def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
 def test_cluster_role_reads_nodes_and_quotas_and_nothing_else(docs: list[dict[str, Any]]) -> None:
-    role = one(docs, "ClusterRole")
+    """What serving needs; the audit's reads are a ClusterRole of their own."""
+    role = named(docs, "ClusterRole", NAME)
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
                              {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list", "watch"]}]
     assert "aggregationRule" not in role
-    binding = one(docs, "ClusterRoleBinding")
+    binding = named(docs, "ClusterRoleBinding", NAME)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
         "kind": "ClusterRole",
@@ -195,21 +201,54 @@ def test_cluster_role_reads_nodes_and_quotas_and_nothing_else(docs: list[dict[st
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": NS}]
 
 
-def test_the_only_write_is_pod_status_in_the_webhook_namespace(docs: list[dict[str, Any]]) -> None:
+def test_the_writes_are_pod_status_the_audit_lease_and_the_audits_reports_and_events(
+        docs: list[dict[str, Any]]) -> None:
     """Failover writes the readiness gate's condition on the replicas' pods: pods/status patch, in the
-    namespace the replicas run in, and nothing else."""
-    role = one(docs, "Role")
+    namespace the replicas run in; the audit its Lease there, its PolicyReports and Events; nothing else."""
+    role = named(docs, "Role", NAME)
     assert role["metadata"]["namespace"] == NS
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
                              {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
-    binding = one(docs, "RoleBinding")
+    binding = named(docs, "RoleBinding", NAME)
     assert binding["metadata"]["namespace"] == NS
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": role["metadata"]["name"]}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": NS}]
     writes = [rule for d in docs if d["kind"] in ("Role", "ClusterRole") for rule in d["rules"]
               if set(rule["verbs"]) - {"get", "list", "watch"}]
-    assert writes == [{"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]}]
+    assert writes == [
+        {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+        {"apiGroups": ["wgpolicyk8s.io"], "resources": ["policyreports", "clusterpolicyreports"],
+         "verbs": ["list", "create", "update", "delete"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": [AUDIT_LEASE],
+         "verbs": ["get", "update"]},
+    ]
+
+
+#: The Lease the base names with --audit-lease, the one its Role lets the replicas renew.
+AUDIT_LEASE = "hami-mt-webhook-audit"
+
+
+def test_the_audit_reads_every_kind_it_judges(docs: list[dict[str, Any]]) -> None:
+    """The audit lists pods, namespaces, the webhook configurations and each workload kind of the workload
+    webhook's table (rules.templates.KINDS), bound to the webhook's ServiceAccount; its Lease is the flag's."""
+    from hami_mt_webhook.rules.templates import KINDS
+
+    role = named(docs, "ClusterRole", f"{NAME}-audit")
+    listed = {(group, resource) for rule in role["rules"] if "list" in rule["verbs"]
+              for group in rule["apiGroups"] for resource in rule["resources"]}
+    wanted = {(k.group, k.resource) for k in KINDS} | {("", "pods"), ("", "namespaces"), ("", "nodes")} | {
+        ("admissionregistration.k8s.io", f"{kind}webhookconfigurations") for kind in ("mutating", "validating")}
+    serving = named(docs, "ClusterRole", NAME)
+    listed |= {(g, r) for rule in serving["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+    assert wanted - listed == set()
+    for kind in ("ClusterRoleBinding", "RoleBinding"):
+        binding = named(docs, kind, f"{NAME}-audit")
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": NAME, "namespace": NS}]
+    command = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--audit-lease") + 1] == AUDIT_LEASE
 
 
 def test_failover_gate_selector_and_identity(docs: list[dict[str, Any]]) -> None:
@@ -278,6 +317,7 @@ def test_deployment_container(docs: list[dict[str, Any]]) -> None:
         "--peer-selector", "app.kubernetes.io/name=hami-mt-webhook", "--peer-interval", "0.1",
         "--peer-timeout", "0.5", "--peer-silent-after", "0.75", "--peer-recover-after", "1",
         "--peer-window", "5", "--peer-late-after", "0.15", "--peer-fail-percent", "25", "--peer-clean-percent", "5",
+        "--audit-interval", "120", "--audit-lease", "hami-mt-webhook-audit",
     ]  # fmt: skip
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert ports["https"] == 8443 and ports["metrics"] == 9090
