@@ -30,6 +30,10 @@ VALUES: dict[str, str] = {
     "--peer-late-after": "failover.lateAfter",
     "--peer-fail-percent": "failover.failPercent",
     "--peer-clean-percent": "failover.cleanPercent",
+    "--audit-interval": "audit.interval",
+    "--audit-policy-reports": "audit.policyReports.enabled",
+    "--audit-events": "audit.events",
+    "--audit-event-every": "audit.eventEvery",
     "--log-level": "logging.level",
     "--log-format": "logging.format",
     "--scheduler-name": "schedulerName",
@@ -55,8 +59,9 @@ FIXED: dict[str, str] = {
     "--health-listen": "every address of the pod, where kubelet and the other replicas probe it",
     "--kubeconfig": "in-cluster: the pod's service account, which the chart's ClusterRole and Role bind",
     "--peer-selector": "the chart's own pod label, with failover.enabled (its readiness gate and Role)",
-    "--pod-name": "the downward API (HAMI_MT_POD_NAME), with failover.enabled",
-    "--pod-namespace": "the downward API (HAMI_MT_POD_NAMESPACE), with failover.enabled",
+    "--pod-name": "the downward API (HAMI_MT_POD_NAME), with failover.enabled or audit.enabled",
+    "--pod-namespace": "the downward API (HAMI_MT_POD_NAMESPACE), with failover.enabled or audit.enabled",
+    "--audit-lease": "hami-mt-webhook-audit, with audit.enabled: the one Lease the audit's Role may renew",
 }
 
 

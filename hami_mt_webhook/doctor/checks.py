@@ -6,6 +6,7 @@ network or the clock, so each check is tested over hand-written objects.
 """
 from __future__ import annotations
 
+from .audited import admission, capacity, slice_pods
 from .cert_manager import cert_manager
 from .components import hami_memory_per_card, hami_webhook, kubernetes_version, scheduler, vendor
 from .model import (
@@ -18,8 +19,8 @@ from .model import (
     endpoint,
     endpoint_host,
 )
-from .nodes import capacity, labels, whole_and_sliced
-from .pod_checks import quota, slice_pods
+from .nodes import labels, whole_and_sliced
+from .pod_checks import quota
 from .registration import availability, registration
 
 __all__ = ["CHECKS", "VENDOR_COMPONENTS", "Check", "Cluster", "Finding", "Served", "Settings", "endpoint",
@@ -40,6 +41,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("labels", labels),
     ("quota", quota),
     ("slice-pods", slice_pods),
+    ("admission", admission),
 )
 
 

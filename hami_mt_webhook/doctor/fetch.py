@@ -26,7 +26,7 @@ from kubernetes import client
 from kubernetes import config as kubeconfig_loader
 from kubernetes.config.config_exception import ConfigException
 
-from ..audit import objects
+from ..audit import objects, reports
 from ..audit.objects import Obj
 from . import cert_manager, model, serving
 from .components import device_configmap
@@ -194,7 +194,22 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
         if key not in cluster.served:
             cluster.served[key] = _served(api, cluster, client_config, probe)
     _cert_manager(api, cluster)
+    _audit_reports(api, cluster)
     return cluster
+
+
+def _audit_reports(api: Api, cluster: Cluster) -> None:
+    """The audit's own PolicyReports and ClusterPolicyReport, where their CRDs are installed and readable;
+    otherwise why not (the checks then judge with the audit's engine themselves)."""
+    selector = f"{reports.MANAGED[0]}={reports.MANAGED[1]}"
+    for plural in ("policyreports", "clusterpolicyreports"):
+        status, body = api.get(f"/apis/{reports.API_VERSION}/{plural}", [("labelSelector", selector)])
+        if status != 200:
+            cluster.reports, cluster.reports_state = [], (
+                "the PolicyReport CRDs are not installed" if status == 404 else
+                "no permission to list policyreports.wgpolicyk8s.io" if status == 403 else f"HTTP {status}")
+            return
+        cluster.reports.extend(i for i in body.get("items") or [] if isinstance(i, dict))
 
 
 def _served(api: Api, cluster: Cluster, client_config: Mapping[str, Any], probe: Probe) -> Served:

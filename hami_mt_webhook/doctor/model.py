@@ -86,6 +86,10 @@ class Cluster:
     served: dict[str, Served] = field(default_factory=dict)  # by endpoint()
     unreadable: dict[str, str] = field(default_factory=dict)  # "ConfigMap ns/name" -> why it was not read
     version: Obj = field(default_factory=dict)  # the API server's /version, where it answered
+    #: The audit's PolicyReports and ClusterPolicyReport (audit.reports.MANAGED); when there are some, the
+    #: checks the audit also makes read them rather than judge again. `reports_state` says why none were read.
+    reports: list[Obj] = field(default_factory=list)
+    reports_state: str = ""
 
 
 @dataclass(frozen=True)

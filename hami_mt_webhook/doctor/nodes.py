@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..admission.chart import flag_and_value
-from ..audit.findings import node_results
 from ..audit.objects import mapping, metadata, name_of, ref, sequence
 from ..rules.capacity import ClusterView, NodeReport, report
 from ..rules.quantities import QuantityError, whole
@@ -23,13 +22,6 @@ from .model import (
 )
 
 # --- nodes -------------------------------------------------------------------------------------------------
-
-def capacity(cluster: Cluster, settings: Settings) -> list[Finding]:
-    """Per-card capacities: a known card size, an overcommitted one, or a report that is no sliced card (the
-    audit's engine judges, `audit.findings.node_results`)."""
-    return [Finding("capacity", f"Node {name_of(node)}", r.message)
-            for node in cluster.nodes for r in node_results(node, settings.config) or ()]
-
 
 def _taints(node: Mapping[str, Any]) -> set[tuple[str, str, str]]:
     return {(str(t.get("key", "")), str(t.get("value") or ""), str(t.get("effect", "")))

@@ -591,3 +591,34 @@ def test_kubernetes_version_below_the_floor_acts_and_above_the_newest_tested_not
     assert (finding.check, finding.object) == ("kubernetes-version", "API server")
     assert finding.severity == expected[0]
     assert expected[1] in finding.message and "docs/compatibility.md" in finding.message
+
+
+def test_existing_pods_and_deployments_admission_would_refuse_are_named_with_its_message():
+    """Without the audit's reports, doctor judges with the audit's engine: what admission would say now."""
+    cluster = clean()
+    cluster.namespaces.append({"metadata": {"name": "trial", "labels": {"hami.io/enforcement": "warn"}}})
+    too_many = {VGPU: "1", MEMORY: "32", CORE: "17"}
+    cluster.pods.append(pod("old", limits=too_many))
+    cluster.deployments.append({"metadata": {"name": "train", "namespace": "trial"}, "spec": {"template": {
+        "spec": {"containers": [{"name": "c", "resources": {"limits": too_many}}]}}}})
+    out = {f.object: f for f in found(cluster, check="admission")}
+    assert set(out) == {"Pod team/old", "Deployment trial/train"}
+    assert out["Pod team/old"].action and not out["Deployment trial/train"].action  # warn mode: a note
+    assert 'container "c": mthreads.com/sgpu-core 17 is not valid' in out["Pod team/old"].message
+
+
+def test_the_audits_reports_are_read_rather_than_judged_again():
+    """Where the replicas publish PolicyReports, doctor shows their findings (every kind the audit reads, not
+    only what doctor lists) and does not judge those areas itself."""
+    from hami_mt_webhook.audit.findings import Result
+    from hami_mt_webhook.audit.objects import Subject
+    from hami_mt_webhook.audit.reports import report
+
+    cluster = clean()
+    cluster.pods.append(pod("judged-by-the-audit", scheduler="default-scheduler"))  # the report does not name it
+    job = Result("range", Subject("kubeflow.org/v1", "PyTorchJob", "team", "bert", "u1"), "fail", "too many cores")
+    node = Result("capacity", Subject("v1", "Node", "", "odd", "u2"), "fail", "no card size")
+    cluster.reports = [report("team", [job], 3, 1), report("", [node], 2, 1)]
+    out = [(f.check, f.object, f.message) for f in found(cluster) if f.check in ("slice-pods", "capacity",
+                                                                                 "admission")]
+    assert out == [("capacity", "Node odd", "no card size"), ("admission", "PyTorchJob team/bert", "too many cores")]

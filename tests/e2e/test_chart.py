@@ -402,6 +402,29 @@ def test_a_bad_image_value_is_refused_showing_what_was_typed(setting: str, typed
     assert bad.returncode != 0 and f"at '{where}': '{typed}' does not match pattern" in bad.stderr, bad.stderr
 
 
+def test_the_audit_values_switch_its_objects_and_flags(rendered: list[Doc]) -> None:
+    """On by default (its RBAC, its flags, the downward API's identity); off removes all three; the CRDs only
+    when asked, Kyverno's files kept on uninstall."""
+    audit_objects = {("ClusterRole", "hami-mt-webhook-audit"), ("ClusterRoleBinding", "hami-mt-webhook-audit"),
+                     ("Role", "hami-mt-webhook-audit"), ("RoleBinding", "hami-mt-webhook-audit")}
+    assert audit_objects <= kinds(rendered)
+    assert argument(container_of(rendered)["command"], "--audit-interval") == "120"
+    assert not any(d["kind"] == "CustomResourceDefinition" for d in rendered)
+    off = template("--set", "audit.enabled=false", "--set", "failover.enabled=false")
+    assert not audit_objects & kinds(off)
+    container = container_of(off)
+    assert argument(container["command"], "--audit-interval") is None and "env" not in container
+    crds = [d for d in template("--set", "audit.policyReports.installCRDs=true")
+            if d["kind"] == "CustomResourceDefinition"]
+    assert sorted(d["metadata"]["name"] for d in crds) == ["clusterpolicyreports.wgpolicyk8s.io",
+                                                            "policyreports.wgpolicyk8s.io"]
+    assert all(d["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep" for d in crds)
+    for crd in crds:
+        upstream = yaml.safe_load((CHART / "files" / "crds" / f"wgpolicyk8s.io_{crd['spec']['names']['plural']}.yaml")
+                                  .read_text())
+        assert crd["spec"] == upstream["spec"]  # Kyverno's schema, unchanged by the template
+
+
 def test_the_monitoring_component_is_the_charts_rendering() -> None:
     """One home for the alerts and the dashboard: the component is written from the chart (default values)
     by `python -m devtools.monitoring`, so an edit to either alone fails here."""
@@ -598,9 +621,11 @@ def local_hook(cluster: ControlPlane) -> Iterator[LocalWebhook]:
 
 def test_every_rendered_object_passes_server_dry_run(cluster: ControlPlane) -> None:
     docs = template("--api-versions", SERVICE_MONITOR_API, "--api-versions", PROMETHEUS_RULE_API,
-                    "--set", "dashboard.enabled=true", *NETWORK_POLICY, *EVERY_POLICY)
+                    "--set", "dashboard.enabled=true", "--set", "audit.policyReports.installCRDs=true",
+                    *NETWORK_POLICY, *EVERY_POLICY)
     assert {("ServiceMonitor", "hami-mt-webhook"), ("PrometheusRule", "hami-mt-webhook"),
-            ("ConfigMap", "hami-mt-webhook-dashboard"), *(("NetworkPolicy", n) for n in POLICIES)} <= kinds(docs)
+            ("ConfigMap", "hami-mt-webhook-dashboard"), *(("NetworkPolicy", n) for n in POLICIES),
+            ("CustomResourceDefinition", "policyreports.wgpolicyk8s.io")} <= kinds(docs)
     for doc in docs:
         out = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(doc), check=False)
         assert out.returncode == 0, f"{doc['kind']} {doc['metadata']['name']}: {out.stderr}"
@@ -724,6 +749,10 @@ SETTINGS: dict[str, tuple[str, str]] = {
     "--peer-late-after": ("failover.lateAfter=0.2", "0.2"),
     "--peer-fail-percent": ("failover.failPercent=40", "40"),
     "--peer-clean-percent": ("failover.cleanPercent=10", "10"),
+    "--audit-interval": ("audit.interval=300", "300"),
+    "--audit-policy-reports": ("audit.policyReports.enabled=false", "off"),
+    "--audit-events": ("audit.events=false", "off"),
+    "--audit-event-every": ("audit.eventEvery=600", "600"),
     "--log-level": ("logging.level=debug", "debug"),
     "--log-format": ("logging.format=plain", "plain"),
     "--scheduler-name": ("schedulerName=hami-scheduler-2", "hami-scheduler-2"),
@@ -793,6 +822,9 @@ def test_a_render_with_every_value_set_is_one_serve_accepts(monkeypatch: pytest.
     limits = Limits(**{setting.dest: getattr(args, setting.dest) for setting in settings.LIMITS})
     failover = cli._failover(args)
     assert failover is not None and failover.interval == 0.3  # extraArgs come last, so they win
+    audit = cli._audit(args)
+    assert audit is not None and (audit.interval, audit.policy_reports, audit.events, audit.event_every) == (
+        300, False, False, 600)
     assert config.retired_schedulers == ("mt-gpu-scheduler", "mt-gpushare-scheduler")
     assert config.sliced_node_taint == ("example.com/sliced", "true", "NoSchedule")
     assert config.memory_per_card == (96, 160) and config.enforcement == "warn"
