@@ -24,6 +24,8 @@ Parts (`--parts`):
   soak       the webhook's memory over minutes of steady reviews (10 by default)
   peers      HAMi's own webhook beside this one, over loopback and through kube-apiserver (needs a HAMi
              source tree in $HAMI_MT_HAMI_SOURCE, and Go; skipped without)
+  audit      the background audit at 10,000 nodes and 50,000 pods: a full pass, its requests, the replica's
+             memory, admission while passes run (beside the same replica without the audit)
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ PARTS = {
     "hops": "devtools.bench.hops",
     "soak": "devtools.bench.soak",
     "peers": "devtools.bench.peers",
+    "audit": "devtools.bench.audit",
 }
 
 
@@ -83,6 +86,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--scale-churn", type=float, default=100.0, help="part scale: node status updates/s [100]")
     p.add_argument("--churn-seconds", type=float, default=60.0,
                    help="part scale: seconds of churn (600 for the 10-minute memory figure) [60]")
+    p.add_argument("--audit-nodes", type=int, default=10000, help="part audit: nodes [10000]")
+    p.add_argument("--audit-pods", type=int, default=50000, help="part audit: pods [50000]")
     p.add_argument("--hostile-reviews", type=int, default=20, help="fresh reviews per attack in part 5 [20]")
     p.add_argument("--hops-rounds", type=int, default=4, help="part hops: rounds, --pods split over them [4]")
     p.add_argument("--soak-minutes", type=int, default=10, help="part soak: minutes of load [10]")

@@ -1,0 +1,248 @@
+"""Benchmark part `audit`: the background audit on a cluster of real-sized nodes and pods.
+
+On the local etcd + kube-apiserver, with Kyverno's PolicyReport CRDs installed, 10,000 Nodes shaped like
+kubelet's (`fleet`) and 50,000 slice pods shaped like a training job's (labels, an owner, two containers with
+environment, ports, probes and mounts; nine in ten in the webhook's admitted form, one in ten as a pod admission
+never saw, on default-scheduler) in 50 namespaces, the webhook's whole process is run twice from exec, without
+and with the audit, and measured in the same run:
+
+1. the full pass: its time (the webhook's own `hami_mt_webhook_audit_duration_seconds`), the first (which
+   writes a PolicyReport per namespace) and the next (which writes nothing), and the API server requests it
+   makes (`hami_mt_webhook_audit_api_requests_total`: paged lists, no watch);
+2. the replica's memory: RSS at ready, and the most it reached while passes ran, without and with the audit;
+3. admission while passes run: pods created at 20/s through the API server and reviews sent straight to the
+   webhook, beside the same without the audit.
+
+It prints figures and asserts nothing. The pods are created where the webhooks skip (a namespace labelled
+`hami.io/webhook: ignore`, the label then removed): fast, and the audit still meets every one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from devtools import fleet, policyreports
+from devtools.bench import scale_rig
+from devtools.bench.report import Section, fmt, percentile, samples, table
+from devtools.cluster import MEMORY, S4000, S5000, VGPU
+from devtools.local import NAMESPACE
+from hami_mt_webhook.admission.enforcement import enforced_pod
+from hami_mt_webhook.rules.capacity import ClusterView
+from hami_mt_webhook.rules.config import Config
+
+CORE = "mthreads.com/sgpu-core"
+NAMESPACES = 50
+#: One pod in this many is one admission never saw: on default-scheduler, a failure in its report.
+UNSEEN_EVERY = 10
+#: Seconds between passes: shorter than a pass at this size, so passes run back to back while measured.
+INTERVAL = 10
+
+
+def pod_body(i: int, admitted: dict[str, Any] | None) -> dict[str, Any]:
+    """The `i`th pod, about 3 KB: in its admitted form (`admitted`, the mutating webhook's output of the same
+    manifest) or as written."""
+    if admitted is not None:
+        body = copy.deepcopy(admitted)
+    else:
+        body = template()
+    body["metadata"]["name"] = f"train-{i:06d}"
+    body["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] = str(i % 64)
+    return body
+
+
+def template() -> dict[str, Any]:
+    """A training job's worker, as its manifest writes it."""
+    env = [{"name": f"MCCL_SETTING_{k}", "value": f"value-{k}-" + "x" * 24} for k in range(8)]
+    main = {"name": "worker", "image": "registry.example.com/mthreads/megatron-musa:2.4.0-py310",
+            "command": ["torchrun", "--nnodes", "8", "--nproc-per-node", "1", "pretrain_gpt.py"],
+            "env": env, "ports": [{"containerPort": 29500, "name": "rendezvous"}],
+            "resources": {"limits": {VGPU: "1", MEMORY: "32", CORE: "8", "cpu": "8", "memory": "64Gi"},
+                          "requests": {"cpu": "4", "memory": "32Gi"}},
+            "readinessProbe": {"tcpSocket": {"port": 29500}, "periodSeconds": 10},
+            "volumeMounts": [{"name": "data", "mountPath": "/data"}, {"name": "shm", "mountPath": "/dev/shm"}]}
+    sidecar = {"name": "metrics", "image": "registry.example.com/mthreads/exporter:1.3",
+               "ports": [{"containerPort": 9400, "name": "metrics"}],
+               "resources": {"limits": {"cpu": "100m", "memory": "64Mi"}}}
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"labels": {"app": "pretrain", "team": "llm", "job-name": "pretrain-7b",
+                                    "controller-uid": "6f1c2d3e-0000-4000-8000-000000000001"},
+                         "annotations": {"kubectl.kubernetes.io/default-container": "worker",
+                                         "prometheus.io/port": "9400"},
+                         "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": "pretrain-7b",
+                                              "uid": "6f1c2d3e-0000-4000-8000-000000000001",
+                                              "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"containers": [main, sidecar], "restartPolicy": "Never",
+                     "tolerations": [{"key": "mthreads.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                     "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "datasets"}},
+                                 {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}]}}
+
+
+def admitted_form() -> dict[str, Any]:
+    """What the mutating webhook makes of `template()` (hami-scheduler, requests equal to limits, the record)."""
+    view = ClusterView([S5000.report("s5000"), S4000.report("s4000")])
+    decision = enforced_pod(template(), view, Config())
+    assert decision.allowed, decision.message
+    return dict(decision.object)
+
+
+async def create_pods(api: Any, total: int) -> float:
+    """`total` pods over NAMESPACES namespaces the webhooks skip, then the label removed; the seconds taken."""
+    started = time.perf_counter()
+    names = [f"audit-{n:02d}" for n in range(NAMESPACES)]
+    for ns in names:
+        body = {"metadata": {"name": ns, "labels": {"hami.io/webhook": "ignore"}}}
+        async with api.post("/api/v1/namespaces", json=body) as r:
+            await r.read()
+    admitted = admitted_form()
+    gate = asyncio.Semaphore(64)
+
+    async def one(i: int) -> None:
+        body = orjson.dumps(pod_body(i, None if i % UNSEEN_EVERY == 0 else admitted))
+        async with gate:
+            async with api.post(f"/api/v1/namespaces/{names[i % NAMESPACES]}/pods", data=body,
+                                headers={"Content-Type": "application/json"}) as r:
+                if r.status != 201:
+                    raise RuntimeError(f"creating pod {i}: HTTP {r.status} {(await r.text())[:300]}")
+
+    for start in range(0, total, 2000):
+        await asyncio.gather(*(one(i) for i in range(start, min(total, start + 2000))))
+    for ns in names:
+        async with api.patch(f"/api/v1/namespaces/{ns}", data=orjson.dumps(
+                {"metadata": {"labels": {"hami.io/webhook": None}}}),
+                headers={"Content-Type": "application/merge-patch+json"}) as r:
+            await r.read()
+    return time.perf_counter() - started
+
+
+def audit_metrics(hook: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"requests": {}}
+    for name, labels, value in samples(hook.metrics()):
+        if name == "hami_mt_webhook_audit_api_requests_total":
+            out["requests"][(labels["verb"], labels["resource"])] = value
+        elif name in ("hami_mt_webhook_audit_duration_seconds",
+                      "hami_mt_webhook_audit_last_success_timestamp_seconds"):
+            out[name.removeprefix("hami_mt_webhook_audit_")] = value
+        elif name == "hami_mt_webhook_audit_violations":
+            out["violations"] = out.get("violations", 0.0) + value
+    return out
+
+
+async def passes(hook: Any, count: int, timeout: float = 900.0) -> list[dict[str, Any]]:
+    """The webhook's audit figures after each of its next `count` passes, with the RSS sampled meanwhile."""
+    out, rss = [], []
+    last = audit_metrics(hook).get("last_success_timestamp_seconds", 0.0)
+    deadline = time.monotonic() + timeout
+    while len(out) < count and time.monotonic() < deadline:
+        rss.append(scale_rig.usage(hook.proc.pid)["rss"])
+        now = audit_metrics(hook)
+        if now.get("last_success_timestamp_seconds", 0.0) > last:
+            last = now["last_success_timestamp_seconds"]
+            out.append({**now, "rss_max": max(rss)})
+        await asyncio.sleep(0.2)
+    return out
+
+
+def run(opts: argparse.Namespace, workdir: Path) -> Section:
+    from devtools.controlplane import ControlPlane
+    from devtools.local import LocalWebhook
+
+    nodes, pods = opts.audit_nodes, opts.audit_pods
+    sec = Section("Audit: a full pass at 10,000 nodes and 50,000 pods")
+    print(f"[audit] starting etcd and kube-apiserver; {nodes} nodes, {pods} pods ...", flush=True)
+    with ControlPlane(workdir=workdir / "audit") as cp:
+        for crd in policyreports.crds():
+            cp.kubectl("apply", "--server-side", "-f", str(crd))
+        hook = LocalWebhook(cp, cp.workdir / "webhook")
+        hook.install()
+        cp.kubectl("create", "namespace", "probe")
+
+        async def run() -> dict[str, Any]:
+            res: dict[str, Any] = {}
+            async with fleet.session(cp.server, fleet.admin_context(cp), connections=64) as api:
+                rig = scale_rig.Rig(cp, hook, api)
+                async with api.post("/api/v1/namespaces", json={"metadata": {"name": rig.ns}}) as r:
+                    await r.read()
+                t = time.perf_counter()
+                await fleet.create(api, range(nodes))
+                res["nodes_s"] = time.perf_counter() - t
+                res["pods_s"] = await create_pods(api, pods)
+                print(f"[audit] {nodes} nodes in {res['nodes_s']:.0f} s, {pods} pods in {res['pods_s']:.0f} s",
+                      flush=True)
+                for mode in ("off", "on"):
+                    hook.extra_args = [] if mode == "off" else [
+                        "--audit-interval", str(INTERVAL), "--pod-name", "bench-0", "--pod-namespace", NAMESPACE]
+                    await asyncio.to_thread(hook.start, 900.0)
+                    ready = scale_rig.usage(hook.proc.pid)
+                    print(f"[audit] audit {mode}: ready, RSS {ready['rss']:.0f} MiB", flush=True)
+                    figures: dict[str, Any] = {"ready_rss": ready["rss"]}
+                    if mode == "on":
+                        print("[audit] waiting for two passes ...", flush=True)
+                        figures["passes"] = await passes(hook, 2)
+                    print(f"[audit] audit {mode}: pods at {opts.rate:g}/s for {opts.scale_seconds:g} s ...",
+                          flush=True)
+                    figures["pods"] = await scale_rig.measure_pods(rig, opts.rate, opts.scale_seconds, None, nodes)
+                    figures["peak"] = scale_rig.usage(hook.proc.pid)["peak"]
+                    figures["after"] = audit_metrics(hook)
+                    res[mode] = figures
+                    await asyncio.to_thread(hook.stop)
+            return res
+
+        try:
+            res = asyncio.run(run())
+        finally:
+            hook.stop()
+
+    off, on = res["off"], res["on"]
+    first, second = (on["passes"] + [{}, {}])[:2]
+    requests = first.get("requests", {})
+    by_resource: dict[str, dict[str, float]] = {}
+    for (verb, resource), n in requests.items():
+        by_resource.setdefault(resource, {})[verb] = n
+    sec.lines += [
+        f"{nodes:,} Nodes shaped like kubelet's (`devtools/fleet.py`) and {pods:,} slice pods of about 3 KB (one in "
+        f"{UNSEEN_EVERY} never seen by admission) in {NAMESPACES} namespaces, made in {res['nodes_s']:.0f} s and "
+        f"{res['pods_s']:.0f} s; Kyverno {policyreports.KYVERNO}'s PolicyReport CRDs installed. `serve` started from "
+        f"exec twice in this run, without the audit and with it (`--audit-interval {INTERVAL}`: passes back to back).",
+        "",
+        *table(["pass", "seconds", "violations found", "RSS at its end (MiB)"],
+               [[n, fmt(p.get("duration_seconds", math.nan), 1), f"{p.get('violations', math.nan):,.0f}",
+                 f"{p.get('rss_max', math.nan):.0f}"] for n, p in (("first (writes 50 reports)", first),
+                                                                  ("second (writes nothing)", second))]),
+        "",
+        "API server requests of the first pass (the Lease's included), by resource: "
+        + "; ".join(f"{r} " + ", ".join(f"{int(n)} {v}" for v, n in sorted(vs.items()))
+                    for r, vs in sorted(by_resource.items())) + ".",
+        "",
+    ]
+
+    def ms(values: list[float], q: float) -> float:
+        return percentile(sorted(values), q) if values else math.nan
+
+    def lat(name: str, r: dict[str, Any]) -> list[str]:
+        p, m = r["pods"], r["pods"]["mutate"]
+        return [name, f"{m.mean * 1e3:.2f}", f"{m.quantile(0.99) * 1e3:.2f}",
+                f"{ms(p['probes'], 50):.2f}", f"{ms(p['probes'], 99):.1f}",
+                f"{p['pods'].created}/{p['pods'].created + len(p['pods'].failed)}",
+                f"{r['ready_rss']:.0f}", f"{max(p['rss'], default=math.nan):.0f}", f"{r['peak']:.0f}"]
+
+    sec.lines += [
+        *table(["audit", "mutating mean ms", "mutating p99 ms", "direct p50 ms", "direct p99 ms", "pods created",
+                "RSS at ready (MiB)", "RSS max while measured (MiB)", "peak RSS (MiB)"],
+               [lat("off", off), lat("on, passes running", on)]),
+        "",
+    ]
+    extra = on["peak"] - off["peak"]
+    sec.reading.append(
+        f"At {nodes:,} nodes and {pods:,} pods a full audit pass takes {first.get('duration_seconds', math.nan):.1f} s "
+        f"(target ≤ 60) and the replica's peak RSS is {extra:+.0f} MiB beside the same replica without the audit "
+        f"(target ≤ 30); admission p99 {off['pods']['mutate'].quantile(0.99) * 1e3:.1f} ms without and "
+        f"{on['pods']['mutate'].quantile(0.99) * 1e3:.1f} ms with passes running.")
+    return sec
