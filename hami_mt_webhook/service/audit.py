@@ -201,6 +201,8 @@ class Auditor:
         self.events = EventLimit(settings.event_every)
         self.last: Audit | None = None
         self._reports_absent = False
+        self._forbidden: set[str] = set()  # the kinds this replica may not list, logged once each
+        #: When the next pass is due: a failed pass waits an interval too, as does one that lost the Lease.
         self._next = 0.0
         if state.metrics is not None:
             state.metrics.audit_interval.set(settings.interval)
@@ -251,7 +253,6 @@ class Auditor:
                 if not was:
                     logger.info("audit: this replica audits now (Lease %s/%s)", self.settings.namespace,
                                 self.settings.lease)
-                    self._next = 0.0
                 if self.state.metrics is not None:
                     self.state.metrics.audit_leader.set(1)
                 if time.monotonic() >= self._next:
@@ -332,9 +333,14 @@ class Auditor:
                     async for page in api.pages(path):
                         yield page, (api_version, kind.kind)
                 except ApiError as err:
-                    if err.status != 404:
+                    if err.status == 404:
+                        continue  # not served: the operator is not installed, or serves another version
+                    if err.status != 403:
                         raise
-                    continue
+                    if path not in self._forbidden:  # one kind out of reach: the others are still judged
+                        logger.warning("audit: no permission to list %s; its workloads are not audited (the "
+                                       "chart's ClusterRole hami-mt-webhook-audit grants it)", path)
+                        self._forbidden.add(path)
                 break
 
     async def _publish(self, api: Api, result: Audit, now: int) -> None:
