@@ -28,12 +28,22 @@ __all__ = ["run"]
 logger = logging.getLogger("hami_mt_webhook")
 
 
-def register(registry: kopf.OperatorRegistry, state: State) -> None:
-    """kopf's part: the login (for its own API discovery); Nodes are watched by `nodewatch`."""
+def register(registry: kopf.OperatorRegistry, state: State, auditor: Auditor | None = None) -> None:
+    """kopf's part: the login (for its own API discovery), and the audit's start and stop (kopf's startup and
+    cleanup: on SIGTERM the Lease is handed back before the process ends); Nodes are watched by `nodewatch`."""
 
     @kopf.on.login(id="login", registry=registry)
     def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
         return nodewatch.login(settings)
+
+    if auditor is not None:
+        @kopf.on.startup(id="audit", registry=registry)
+        async def start_audit(**_: Any) -> None:
+            auditor.start()
+
+        @kopf.on.cleanup(id="audit", registry=registry)
+        async def stop_audit(**_: Any) -> None:
+            await auditor.stop()
 
 
 async def run(state: State, server: AdmissionServer, *, health_addr: str, health_port: int,
@@ -44,7 +54,6 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     audit (`audit`: one replica at a time)."""
     gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
     registry = kopf.OperatorRegistry()
-    register(registry, state)
     settings = kopf.OperatorSettings()
     settings.admission.server = server
     settings.admission.managed = None  # the webhook configurations are static manifests
@@ -53,6 +62,9 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     settings.peering.standalone = True
     def login() -> kopf.ConnectionInfo | None:
         return nodewatch.login(settings)
+
+    auditor = Auditor(state, login, audit) if audit is not None else None
+    register(registry, state, auditor)
 
     nodes = nodewatch.node_watch(NodeFeed(state.view, state.config, state.metrics), login, node_watch,
                                  node_selector)
@@ -64,8 +76,6 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     if failover is not None:
         peers = Peers(state, login, failover, port=health_port, mode=node_watch)
         tasks.append(asyncio.create_task(peers.run(), name="peers"))
-    if audit is not None:
-        tasks.append(asyncio.create_task(Auditor(state, login, audit).run(), name="audit"))
     table = probes.routes(state, None if peers is None else peers.answer)
     ports = [health_port, *([metrics_port] if metrics_port else [])]
     listeners: list[Listener] = []

@@ -2,8 +2,9 @@
 rules (`audit.findings`) and publishes the findings: PolicyReports (`audit.reports`), a Warning Event on each
 workload whose pods would be refused, and metrics.
 
-kopf keeps the process's lifecycle (login, signals, shutdown) and the audit is one of its tasks beside the
-watches (`app.run`). kopf's own means do not fit here: a `kopf.timer` puts a finalizer on the object it runs
+kopf drives it as it drives the process (login, signals, shutdown): its startup handler starts the loop and
+its cleanup handler stops it and hands the Lease back, so on SIGTERM another replica audits at once. kopf's
+other means do not fit here: a `kopf.timer` puts a finalizer on the object it runs
 on (an uninstall would leave that object Terminating), its peering needs CRDs of its own and pauses all of
 kopf's handling in the other replicas, and its watches keep every object in memory (`nodewatch` says what
 that cost at 10,000 nodes). So a Lease (coordination.k8s.io, as client-go's leader election does it) picks
@@ -15,6 +16,7 @@ time between turns of the event loop so that reviews are not held up, and keeps 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -201,11 +203,24 @@ class Auditor:
         self.events = EventLimit(settings.event_every)
         self.last: Audit | None = None
         self._reports_absent = False
+        self._task: asyncio.Task[None] | None = None
         self._forbidden: set[str] = set()  # the kinds this replica may not list, logged once each
         #: When the next pass is due: a failed pass waits an interval too, as does one that lost the Lease.
         self._next = 0.0
         if state.metrics is not None:
             state.metrics.audit_interval.set(settings.interval)
+
+    def start(self) -> None:
+        """The loop as a task of its own (kopf's startup calls it)."""
+        self._task = asyncio.create_task(self.run(), name="audit")
+
+    async def stop(self) -> None:
+        """The loop ended and the Lease handed back, so another replica audits at once (kopf's cleanup)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
 
     def _count(self, verb: str, resource: str) -> None:
         if self.state.metrics is not None:
@@ -257,11 +272,17 @@ class Auditor:
                     self.state.metrics.audit_leader.set(1)
                 if time.monotonic() >= self._next:
                     self._next = time.monotonic() + self.settings.interval
-                    await self._pass_renewing(api, renew)
+                    try:
+                        await self._pass_renewing(api, renew)
+                    except (ApiError, aiohttp.ClientError, TimeoutError) as err:  # the Lease is kept
+                        logger.warning("audit: the pass failed: %s; the next one in %.0f s", clip(str(err), 300),
+                                       self.settings.interval)
             elif was:
                 logger.info("audit: another replica audits now")
                 self._lost()
-            await asyncio.sleep(renew)
+            # the next renewal, or the next pass if it is due sooner: passes keep to the interval
+            wait = renew if not self.lease.holding else min(renew, self._next - time.monotonic())
+            await asyncio.sleep(max(0.0, wait))
 
     async def _pass_renewing(self, api: Api, renew: float) -> None:
         """A pass, with the Lease renewed beside it; a pass that loses the Lease writes nothing."""

@@ -23,7 +23,7 @@ import yaml
 
 from devtools import monitoring
 from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.local import NAMESPACE, LocalWebhook, apply_nodes, example_nodes
 
 from .mutators import LoopbackWebhook
 from .support import IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, metric, pod, wait_for
@@ -99,7 +99,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     (workdir / "rules.yaml").write_text(yaml.safe_dump(rules, sort_keys=False))
     after_ours = LoopbackWebhook(workdir / "after-ours", shrink)
     with ControlPlane(workdir=workdir / "cp") as cp:
-        hook = LocalWebhook(cp, workdir / "webhook", extra_args=["--reload-interval", "1", "--handshake-timeout", "1"])
+        # it audits too (every 10 s, with the base's RBAC), so the audit's series are in the scrape
+        hook = LocalWebhook(cp, workdir / "webhook", extra_args=[
+            "--reload-interval", "1", "--handshake-timeout", "1", "--audit-interval", "10",
+            "--pod-name", "monitoring-0", "--pod-namespace", NAMESPACE])
         prom = monitoring.Prometheus(
             workdir / "prometheus", monitoring.scrape_configs(f"127.0.0.1:{hook.metrics_port}", cp.server, cp.workdir),
             [workdir / "rules.yaml"], interval="1s")
@@ -148,6 +151,9 @@ def traffic(cp: ControlPlane, hook: LocalWebhook, prom: monitoring.Prometheus, r
     finally:
         hook.certs.tls_cert.write_bytes(crt)
     wait_for("Prometheus to scrape the would-deny", lambda: prom.query("hami_mt_webhook_would_deny_total"), 30)
+    # the warned pod exists: the audit's next pass finds it (a would-deny, in its warn namespace)
+    wait_for("Prometheus to scrape the audit's finding",
+             lambda: prom.query(f'hami_mt_webhook_audit_violations{{namespace="{WARN_NS}",rule="mixing"}}'), 40)
     done.calls_failing_before = prom.query(expr_of(rules, "HamiMtWebhookCallsFailing"))
     # the webhook stopped: the pod webhooks' calls fail (refused), the workload check's fail open
     hook.stop()
