@@ -202,6 +202,14 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _needs_identity(flag: str, value: str, args: argparse.Namespace) -> None:
+    """Failover and the audit need to know which replica this is: --pod-name and --pod-namespace."""
+    missing = [f for f, v in (("--pod-name", args.pod_name), ("--pod-namespace", args.pod_namespace)) if not v]
+    if missing:
+        raise ValueError(f"{flag} {value} needs {' and '.join(missing)} (the chart sets them from the downward "
+                         "API: HAMI_MT_POD_NAME, HAMI_MT_POD_NAMESPACE)")
+
+
 #: Passes closer than this would list every pod of a large cluster more than once a minute.
 MIN_AUDIT_INTERVAL = 10.0
 
@@ -219,11 +227,7 @@ def _audit(args: argparse.Namespace) -> AuditSettings | None:
         raise ValueError(f"--audit-lease must name a Lease (1 to 253 characters); got {args.audit_lease!r}")
     if not args.audit_interval:
         return None
-    missing = [flag for flag, value in (("--pod-name", args.pod_name), ("--pod-namespace", args.pod_namespace))
-               if not value]
-    if missing:
-        raise ValueError(f"--audit-interval {args.audit_interval:g} needs {' and '.join(missing)} (the chart sets "
-                         "them from the downward API: HAMI_MT_POD_NAME, HAMI_MT_POD_NAMESPACE)")
+    _needs_identity("--audit-interval", f"{args.audit_interval:g}", args)
     return AuditSettings(me=args.pod_name, namespace=args.pod_namespace, interval=args.audit_interval,
                          lease=args.audit_lease, policy_reports=args.audit_policy_reports == "auto",
                          events=args.audit_events == "on", event_every=args.audit_event_every)
@@ -242,11 +246,7 @@ def _failover(args: argparse.Namespace) -> Failover | None:
             raise ValueError(f"{setting.flag} must be a percentage from 1 to 100; got {value!r}")
     if not args.peer_selector:
         return None
-    missing = [flag for flag, value in (("--pod-name", args.pod_name), ("--pod-namespace", args.pod_namespace))
-               if not value]
-    if missing:
-        raise ValueError(f"--peer-selector {args.peer_selector!r} needs {' and '.join(missing)} (the chart sets "
-                         "them from the downward API: HAMI_MT_POD_NAME, HAMI_MT_POD_NAMESPACE)")
+    _needs_identity("--peer-selector", repr(args.peer_selector), args)
     if args.peer_timeout > args.peer_silent_after:
         raise ValueError(f"--peer-timeout {args.peer_timeout} must not exceed --peer-silent-after "
                          f"{args.peer_silent_after}: a probe still waiting could not yet count as silence")

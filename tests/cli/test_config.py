@@ -289,3 +289,27 @@ def test_node_watch_choices_are_the_watch_modes():
 def test_serve_refuses_bad_failover_settings_naming_what_was_typed(capsys, args, says):
     assert cli.main(["serve", *args]) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--audit-interval", "120"], "--audit-interval 120 needs --pod-name and --pod-namespace"),
+    (["--audit-interval", "5", "--pod-name", "w-1", "--pod-namespace", "ns"],
+     "--audit-interval must be 0 (off) or at least 10 seconds; got 5.0"),
+    (["--audit-interval", "-1"], "--audit-interval must be 0 (off) or at least 10 seconds; got -1.0"),
+    (["--audit-event-every", "0"], "--audit-event-every must be a number of seconds above 0; got 0.0"),
+    (["--audit-lease", ""], "--audit-lease must name a Lease (1 to 253 characters); got ''"),
+])
+def test_serve_refuses_bad_audit_settings_naming_what_was_typed(capsys, args, says):
+    assert cli.main(["serve", *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_the_audit_settings_as_serve_reads_them():
+    args = cli.build_parser().parse_args(["serve", "--audit-interval", "60", "--pod-name", "w-1",
+                                          "--pod-namespace", "ns", "--audit-events", "off",
+                                          "--audit-event-every", "600"])
+    audit = cli._audit(args)
+    assert audit is not None
+    assert (audit.me, audit.namespace, audit.interval, audit.lease, audit.policy_reports, audit.events,
+            audit.event_every) == ("w-1", "ns", 60, "hami-mt-webhook-audit", True, False, 600)
+    assert cli._audit(cli.build_parser().parse_args(["serve"])) is None  # off unless asked (the chart asks)
