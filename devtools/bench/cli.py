@@ -22,10 +22,10 @@ Parts (`--parts`):
   scale      the whole process on 1,000 / 5,000 / 10,000 real-sized nodes: start-up, memory, churn, restarts
   hops       floor, shipped and forced-validating configurations interleaved through kube-apiserver
   soak       the webhook's memory over minutes of steady reviews (10 by default)
-  peers      HAMi's own webhook beside this one, over loopback and through kube-apiserver (needs a HAMi
-             source tree in $HAMI_MT_HAMI_SOURCE, and Go; skipped without)
   audit      the background audit at 10,000 nodes and 50,000 pods: a full pass, its requests, the replica's
              memory, admission while passes run (beside the same replica without the audit)
+  peers      HAMi's own webhook beside this one, over loopback and through kube-apiserver (needs a HAMi
+             source tree in $HAMI_MT_HAMI_SOURCE, and Go; skipped without)
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ PARTS = {
     "scale": "devtools.bench.scale",
     "hops": "devtools.bench.hops",
     "soak": "devtools.bench.soak",
-    "peers": "devtools.bench.peers",
     "audit": "devtools.bench.audit",
+    "peers": "devtools.bench.peers",
 }
 
 

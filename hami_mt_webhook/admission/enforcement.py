@@ -29,7 +29,7 @@ from ..rules.slots import rewritten
 from . import pod_webhooks
 from .pod_webhooks import Handler, chain, mutate_pods, validate_pods
 
-__all__ = ["WOULD_DENY", "soften"]
+__all__ = ["WOULD_DENY", "enforced_pod", "soften"]
 
 WARN = "warn"
 #: The prefix of every warning that stands for a denial under `warn`.

@@ -25,9 +25,9 @@ from .enforcement import enforced, enforced_pod
 from .pod_webhooks import EPHEMERAL, Handler, Rule, decide
 from .workloads import decide_workload, kind_of, workload_kind
 
-__all__ = ["API_VERSIONS", "EPHEMERAL", "WEBHOOKS", "BadReview", "Handler", "Reply", "Route", "Rule",
-           "admit_review", "decide", "decide_workload", "enforced_pod", "handle", "handle_parsed",
-           "handle_routed", "parse", "quota_warnings", "request_of", "respond", "route"]
+__all__ = ["API_VERSIONS", "EPHEMERAL", "WARN_PREFIX", "WEBHOOKS", "BadReview", "Handler", "Reply", "Route", "Rule",
+           "admit_review", "decide", "decide_workload", "enforced_pod", "handle", "handle_parsed", "handle_routed",
+           "parse", "quota_warnings", "request_of", "respond", "route", "warned"]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}

@@ -31,9 +31,9 @@ from ..rules.shape import asks_for_slices
 from .objects import Obj, Subject, controller_of, mapping, metadata, name_of, namespace_of
 from .registrations import Modes
 
-__all__ = ["FAIL", "MIGRATION", "PASS", "POD_HANDLER", "WARN", "WORKLOAD_HANDLER", "Audit", "Auditing", "NotReady",
-           "Result", "Snapshot", "as_created", "audit", "node_results", "pod_results", "scheduler_result",
-           "workload_results"]
+__all__ = ["CAPACITY_RULE", "FAIL", "MIGRATION", "PASS", "POD_HANDLER", "SCHEDULER_RULE", "WARN",
+           "WORKLOAD_HANDLER", "Audit", "Auditing", "NotReady", "Result", "Snapshot", "as_created", "audit",
+           "counted", "node_results", "pod_results", "scheduler_result", "workload_results"]
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 #: The handlers whose registrations give a pod's and a workload's namespace its mode.

@@ -6,6 +6,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+__all__ = ["Obj", "Subject", "controller_of", "labels_of", "mapping", "metadata", "name_of", "namespace_of", "ref",
+           "sequence"]
+
 Obj = dict[str, Any]
 
 

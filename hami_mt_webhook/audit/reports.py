@@ -18,7 +18,7 @@ from .findings import FAIL, WARN, Audit, Result
 from .objects import Obj, mapping, metadata, name_of, namespace_of, sequence
 
 __all__ = ["API_VERSION", "GROUP", "MANAGED", "MOST_RESULTS", "POLICY", "REPORT", "SOURCE", "Plan",
-           "desired", "plan", "report"]
+           "by_namespace", "desired", "plan", "report"]
 
 GROUP = "wgpolicyk8s.io"
 API_VERSION = f"{GROUP}/v1alpha2"

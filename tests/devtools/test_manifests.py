@@ -26,6 +26,8 @@ def test_load_follows_the_kustomization_resources_in_order(docs: list[dict[str, 
     assert sorted(d["kind"] for d in docs) == sorted([
         "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Service",
         "Deployment",
+        # the audit's own (audit-rbac.yaml)
+        "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding",
         "PodDisruptionBudget", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
         "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
         "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration", "ValidatingAdmissionPolicyBinding",
