@@ -278,7 +278,8 @@ def scrape_configs(webhook_metrics: str, apiserver: str, credentials: Path) -> l
     """The webhook's metrics port as the ServiceMonitor's job would see it, and kube-apiserver's /metrics
     with the admin client certificate in `credentials` (ca.crt, admin.crt, admin.key)."""
     return [
-        {"job_name": JOB, "static_configs": [{"targets": [webhook_metrics], "labels": {"namespace": NAMESPACE}}]},
+        {"job_name": JOB, "honor_labels": True,  # the ServiceMonitor's honorLabels
+         "static_configs": [{"targets": [webhook_metrics], "labels": {"namespace": NAMESPACE}}]},
         {"job_name": "apiserver", "scheme": "https",
          "static_configs": [{"targets": [urllib.parse.urlsplit(apiserver).netloc]}],
          "tls_config": {"ca_file": str(credentials / "ca.crt"), "cert_file": str(credentials / "admin.crt"),

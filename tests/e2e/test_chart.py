@@ -903,6 +903,9 @@ def test_extra_args_come_last_and_extra_env_beside_the_downward_api() -> None:
     assert container["command"][-2:] == ["--log-level", "warning"]
     assert [e["name"] for e in container["env"][:2]] == ["HAMI_MT_POD_NAME", "HAMI_MT_POD_NAMESPACE"]
     assert container["env"][2:] == extra_env
-    alone = container_of(template("--set", "failover.enabled=false", *env))
+    off = ("--set", "failover.enabled=false", "--set", "audit.enabled=false")  # neither needs the identity
+    alone = container_of(template(*off, *env))
     assert alone["env"] == extra_env
-    assert "env" not in container_of(template("--set", "failover.enabled=false"))
+    assert "env" not in container_of(template(*off))
+    audit_only = container_of(template("--set", "failover.enabled=false"))
+    assert [e["name"] for e in audit_only["env"]] == ["HAMI_MT_POD_NAME", "HAMI_MT_POD_NAMESPACE"]

@@ -85,7 +85,7 @@ def test_a_clean_install_reports_nothing(cp, hook, capsys, installed):
     run = subprocess.run([str(installed.exe), "doctor", "--kubeconfig", str(cp.kubeconfig)],
                          capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
     assert (run.returncode, run.stdout) == (0, ""), run.stderr
-    assert run.stderr == "12 checks: 0 findings to act on, 0 notes\n"
+    assert run.stderr == "13 checks: 0 findings to act on, 0 notes\n"
 
 
 def test_the_vendors_scheduler_and_webhook(cp, hook, capsys):
