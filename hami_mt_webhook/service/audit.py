@@ -300,6 +300,9 @@ class Auditor:
         """Read, judge, publish; None when the node view is not read yet (tried again next interval)."""
         started, wall = time.monotonic(), time.time()
         metrics = self.state.metrics
+        if not self.state.view.ready:  # before any read: nothing can be judged yet
+            logger.info("audit: pass skipped: the node view is not read yet")
+            return None
         namespaces = [n async for page in api.pages("/api/v1/namespaces") for n in page]
         configurations = await self._configurations(api)
         try:
