@@ -33,7 +33,7 @@ from .registrations import Modes
 
 __all__ = ["CAPACITY_RULE", "FAIL", "MIGRATION", "PASS", "POD_HANDLER", "SCHEDULER_RULE", "WARN",
            "WORKLOAD_HANDLER", "Audit", "Auditing", "NotReady", "Result", "Snapshot", "as_created", "audit",
-           "counted", "node_results", "pod_results", "scheduler_result", "workload_results"]
+           "capacity_results", "counted", "node_results", "pod_results", "scheduler_result", "workload_results"]
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 #: The handlers whose registrations give a pod's and a workload's namespace its mode.
@@ -114,6 +114,14 @@ class Auditing:
 
     def node(self, node: Obj) -> list[Result]:
         return self._add("", node_results(node, self.config))
+
+    def view_nodes(self, unreadable: Mapping[str, tuple[object, object]] | None = None) -> None:
+        """The nodes as the node view holds them (its reports), and those it keeps aside as no sliced card's
+        (`unreadable`: name -> the sgpu-core and sgpu-memory they reported)."""
+        for r in self.view:
+            self._add("", capacity_results(r.name, "", r.per_card, None, None, self.config))
+        for name, (core, memory) in (unreadable or {}).items():
+            self._add("", capacity_results(name, "", None, core, memory, self.config))
 
 
 def audit(snapshot: Snapshot, view: ClusterView, config: Config) -> Audit:
@@ -229,37 +237,52 @@ def node_results(node: Obj, config: Config) -> list[Result] | None:
     caps = mapping(mapping(node.get("status")).get("capacity"))
     if config.core not in caps:
         return None
-    subject = Subject.of(node, "Node", "v1")
     r = report(node, config)
-    if r is None:
-        try:
-            cores = whole(caps.get(config.core))
-        except QuantityError:
-            cores = -1
-        if cores == 0:
-            return None  # no card sliced on this node
+    meta = metadata(node)
+    return capacity_results(str(meta.get("name") or ""), str(meta.get("uid") or ""),
+                            None if r is None else r.per_card, caps.get(config.core), caps.get(config.memory, 0),
+                            config)
+
+
+def unsliced(core: object) -> bool:
+    """A node reporting `sgpu-core` 0 (or nothing readable as a count) slices no card: not judged."""
+    try:
+        return whole(core) == 0
+    except QuantityError:
+        return False
+
+
+def capacity_results(name: str, uid: str, per_card: int | None, core: object, memory: object,
+                     config: Config) -> list[Result] | None:
+    """`node_results` for what the node view keeps of a node: its per-card memory when its report is a sliced
+    card's (`per_card`), else the raw capacities it reported. The replicas' audit judges its own view with
+    this (no list of 10,000 Nodes each pass), doctor the Nodes it read."""
+    subject = Subject("v1", "Node", "", name, uid)
+    if per_card is None:
+        if unsliced(core):
+            return None
         return [Result(CAPACITY_RULE, subject, FAIL,
-                       f"reports {config.core} {str(caps.get(config.core))[:64]} and {config.memory} "
-                       f"{str(caps.get(config.memory, 0))[:64]}, which is no sliced-card report ({CORES_PER_CARD} "
-                       f"{config.core} a card, at least 2 units of memory a card): the webhook and hami-scheduler "
-                       "ignore the node; check the vendor's device plugin and sGPU settings on it")]
-    if config.known_size(r.per_card):
+                       f"reports {config.core} {str(core)[:64]} and {config.memory} {str(memory)[:64]}, which is no "
+                       f"sliced-card report ({CORES_PER_CARD} {config.core} a card, at least 2 units of memory a "
+                       "card): the webhook and hami-scheduler ignore the node; check the vendor's device plugin and "
+                       "sGPU settings on it")]
+    if config.known_size(per_card):
         return []
     known = sorted(CARD_SIZES | set(config.memory_per_card))
-    below = [k for k in known if k < r.per_card <= 2 * k]
+    below = [k for k in known if k < per_card <= 2 * k]
     if below:
         base = max(below)
         return [Result(CAPACITY_RULE, subject, WARN,
-                       f"reports {r.per_card} units of {config.memory} per card, {r.per_card / base:.2f} times a "
+                       f"reports {per_card} units of {config.memory} per card, {per_card / base:.2f} times a "
                        f"{base}-unit card: the vendor's overcommit_ratio is likely in the report, and whole-card "
-                       f"fills on it get {r.per_card}; if that is intended add {r.per_card} to {MEMORY_PER_CARD} "
+                       f"fills on it get {per_card}; if that is intended add {per_card} to {MEMORY_PER_CARD} "
                        "and to HAMi's memoryPerCard, else set overcommit_ratio to 1.0 "
                        "(docs/mixed-clusters.md#overcommitted-memory)")]
     return [Result(CAPACITY_RULE, subject, FAIL,
-                   f"reports {r.per_card} units of {config.memory} per card, which is no card size "
+                   f"reports {per_card} units of {config.memory} per card, which is no card size "
                    f"({', '.join(map(str, known))}) nor an overcommitted one: check the node's report (kubectl "
-                   f"get node {name_of(node)} -o jsonpath='{{.status.capacity}}'); if it is right, add "
-                   f"{r.per_card} to {MEMORY_PER_CARD}")]
+                   f"get node {name} -o jsonpath='{{.status.capacity}}'); if it is right, add "
+                   f"{per_card} to {MEMORY_PER_CARD}")]
 
 
 def counted(results: Iterable[Result]) -> Counter[tuple[str, str]]:

@@ -63,11 +63,11 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     def login() -> kopf.ConnectionInfo | None:
         return nodewatch.login(settings)
 
-    auditor = Auditor(state, login, audit) if audit is not None else None
+    feed = NodeFeed(state.view, state.config, state.metrics)
+    auditor = Auditor(state, login, audit, lambda: feed.unreadable) if audit is not None else None
     register(registry, state, auditor)
 
-    nodes = nodewatch.node_watch(NodeFeed(state.view, state.config, state.metrics), login, node_watch,
-                                 node_selector)
+    nodes = nodewatch.node_watch(feed, login, node_watch, node_selector)
     watcher = asyncio.create_task(nodes.keep_running(), name="node watch")
     quotas = quotawatch.quota_watch(state.quotas, state.config, login, node_watch)
     quota_watcher = asyncio.create_task(quotas.keep_running(), name="quota watch")

@@ -125,10 +125,15 @@ class NodeFeed(Feed):
         self.synced_at: float | None = None
         # Nodes whose per-card capacity is no known card size, logged once (§2); forgotten when they go.
         self.noted = OncePerNode(logger, limit=None)
+        #: Nodes that report sliced cores but no sliced card's capacity (the view leaves them out): name -> the
+        #: sgpu-core and sgpu-memory they reported, for the audit's capacity findings.
+        self.unreadable: dict[str, tuple[object, object]] = {}
+        self._unreadable_build: dict[str, tuple[object, object]] | None = None
 
     def start_build(self) -> None:
         """A complete set starts arriving (initial events or a list); resume points are void until it ends."""
         self.build = Build()
+        self._unreadable_build = {}
         self.resource_version = None
         logger.info("node view: reading the complete node set (%s)", "first sync" if not self.view.ready
                     else f"rebuild; {len(self.view)} sliced nodes keep answering meanwhile")
@@ -138,6 +143,7 @@ class NodeFeed(Feed):
         name = str((obj.get("metadata") or {}).get("name") or "")
         node = report(obj, self.config) if kind != "DELETED" else None
         self._note(name, node)
+        self._unreadable(kind, name, obj, node)
         if self.build is not None:
             self.build.apply(kind, name, node)
             return
@@ -149,6 +155,16 @@ class NodeFeed(Feed):
             self.metrics.nodes.set(len(self.view))
             self.metrics.nonstandard.set(self.view.nonstandard(self.config))
             self.metrics.last_node_event.set(time.time())
+
+    def _unreadable(self, kind: str, name: str, obj: dict[str, Any], node: NodeReport | None) -> None:
+        """Keep aside a node that reports sliced cores the view cannot read (into the build while one arrives)."""
+        into = self._unreadable_build if self.build is not None and self._unreadable_build is not None \
+            else self.unreadable
+        capacity = (obj.get("status") or {}).get("capacity") if node is None and kind != "DELETED" else None
+        if isinstance(capacity, dict) and self.config.core in capacity:
+            into[name] = (capacity[self.config.core], capacity.get(self.config.memory, 0))
+        elif into:
+            into.pop(name, None)
 
     def _note(self, name: str, node: NodeReport | None) -> None:
         """Log a node whose per-card capacity is no known card size once, not on every event (§2)."""
@@ -163,6 +179,7 @@ class NodeFeed(Feed):
         """The set is complete: it replaces the view whole, and the view is ready."""
         assert self.build is not None
         nodes, self.build = self.build.nodes, None
+        self.unreadable, self._unreadable_build = self._unreadable_build or {}, None
         self.noted.keep(nodes)  # nodes deleted while the watch was away: a new one of the name is logged
         self.view.replace(nodes)
         del nodes

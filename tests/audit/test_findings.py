@@ -185,3 +185,22 @@ def test_the_live_registrations_decide_the_mode() -> None:
     pod = before_install(TOO_MANY_CORES, "sys", "kube-system", schedulerName="hami-scheduler")
     result = audit(Snapshot(pods=[pod], namespaces=NAMESPACES, configurations=docs), nodes_view(), Config())
     assert [(r.rule, r.result) for r in result.results] == [("range", FAIL)]
+
+
+def test_the_nodes_are_judged_from_the_view_as_from_the_node_objects() -> None:
+    """The replicas judge their node view's reports (and the nodes it keeps aside), doctor the Nodes it
+    read: the same findings, so a pass need not list 10,000 Nodes."""
+    from hami_mt_webhook.audit.findings import Auditing
+    from hami_mt_webhook.rules.capacity import report
+
+    nodes = [node("known", "128", "1280"), node("overcommitted", "128", "2048"), node("odd", "128", "512"),
+             node("unreadable", "128", "1"), node("off", "0", "0")]
+    config = Config()
+    view = ClusterView(r for r in (report(n, config) for n in nodes) if r is not None)
+    from_view = Auditing([], [], view, config)
+    from_view.view_nodes({"unreadable": ("128", "1"), "off": ("0", "0")})
+    from_objects = [r for n in nodes for r in node_results(n, config) or ()]
+    assert [(r.subject.name, r.result, r.message) for r in from_view.result.results] == [
+        (r.subject.name, r.result, r.message) for r in from_objects]
+    assert [r.subject.name for r in from_objects] == ["overcommitted", "odd", "unreadable"]
+    assert from_view.result.passed == {"": 1}

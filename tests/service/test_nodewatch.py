@@ -316,3 +316,27 @@ def test_in_a_pod_the_api_server_is_the_address_kubelet_gives(environ: dict[str,
     """As client-go's in-cluster config: the Service's address from the environment, no DNS name (the
     image's e2e test runs the real login this way, with no cluster DNS at all)."""
     assert nodewatch.in_cluster_server(environ) == server
+
+
+def test_nodes_reporting_cores_but_no_sliced_card_are_kept_aside_for_the_audit() -> None:
+    """What the view leaves out (sliced cores, no readable card) is kept by name with what it reported, in
+    step with the watch and replaced whole by a rebuild: the audit judges it without listing Nodes."""
+    def node(name: str, cores: str, memory: str) -> dict:
+        return {"metadata": {"name": name}, "status": {"capacity": {CONFIG.core: cores, CONFIG.memory: memory}}}
+
+    feed = NodeFeed(ClusterView(ready=False), CONFIG, Metrics())
+    feed.start_build()
+    feed.apply("ADDED", node("odd", "128", "1"))
+    feed.apply("ADDED", node("fine", "128", "1280"))
+    assert feed.unreadable == {}  # a build is not visible until it is complete
+    feed.finish_build("1")
+    assert feed.unreadable == {"odd": ("128", "1")}
+    feed.apply("MODIFIED", node("odd", "128", "1280"))  # its device plugin fixed
+    assert feed.unreadable == {}
+    feed.apply("MODIFIED", node("fine", "16", "x"))
+    feed.apply("DELETED", node("fine", "16", "x"))
+    assert feed.unreadable == {}
+    feed.apply("ADDED", node("gone", "128", "1"))
+    feed.start_build()  # a rebuild that no longer lists it
+    feed.finish_build("2")
+    assert feed.unreadable == {}
