@@ -47,6 +47,8 @@ logger = logging.getLogger("hami_mt_webhook")
 PAGE = 100
 #: Objects judged between two turns of the event loop.
 SLICE = 25
+#: After each page, a rest this many times as long as judging it took.
+REST = 1.0
 #: Pods that will not change again are not audited.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 REPORTS = f"/apis/{reports.API_VERSION}"
@@ -423,10 +425,16 @@ def _event(result: Result, me: str) -> Obj:
 
 
 async def _judge(items: list[Obj], judge: Callable[[Obj], list[Result]]) -> list[Result]:
-    """Each item judged, `SLICE` at a time between turns of the loop; the findings."""
+    """Each item judged, `SLICE` at a time between turns of the loop, then a rest as long as the judging took
+    (`REST`): a pass takes about half of the replica's core and spreads its reads of the API server over
+    twice the time, a pass of 50,000 pods still well inside a minute. The findings."""
     found: list[Result] = []
+    worked = 0.0
     for start in range(0, len(items), SLICE):
+        began = time.perf_counter()
         for item in items[start:start + SLICE]:
             found += judge(item)
+        worked += time.perf_counter() - began
         await asyncio.sleep(0)
+    await asyncio.sleep(worked * REST)
     return found
