@@ -47,7 +47,7 @@ logger = logging.getLogger("hami_mt_webhook")
 PAGE = 100
 #: Objects judged between two turns of the event loop.
 SLICE = 25
-#: After each page, a rest this many times as long as judging it took.
+#: After each page, a rest this many times as long as fetching and judging it took (`_paced`).
 REST = 1.0
 #: Pods that will not change again are not audited.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
@@ -316,7 +316,7 @@ class Auditor:
         try:
             auditing = Auditing(namespaces, configurations, self.state.view, self.state.config)
             workloads: list[Result] = []
-            async for page in api.pages("/api/v1/pods", fieldSelector=LIVE_PODS):
+            async for page in _paced(api.pages("/api/v1/pods", fieldSelector=LIVE_PODS)):
                 await _judge(page, auditing.pod)
             async for page, kind in self._workloads(api):
                 for w in page:
@@ -425,16 +425,21 @@ def _event(result: Result, me: str) -> Obj:
 
 
 async def _judge(items: list[Obj], judge: Callable[[Obj], list[Result]]) -> list[Result]:
-    """Each item judged, `SLICE` at a time between turns of the loop, then a rest as long as the judging took
-    (`REST`): a pass takes about half of the replica's core and spreads its reads of the API server over
-    twice the time, a pass of 50,000 pods still well inside a minute. The findings."""
+    """Each item judged, `SLICE` at a time between turns of the loop; the findings."""
     found: list[Result] = []
-    worked = 0.0
     for start in range(0, len(items), SLICE):
-        began = time.perf_counter()
         for item in items[start:start + SLICE]:
             found += judge(item)
-        worked += time.perf_counter() - began
         await asyncio.sleep(0)
-    await asyncio.sleep(worked * REST)
     return found
+
+
+async def _paced(pages: AsyncIterator[list[Obj]], rest: float = REST) -> AsyncIterator[list[Obj]]:
+    """`pages`, with a rest after each as long as fetching and judging it took, times `rest`: what a pass asks
+    of the API server (which serves a page of pods from etcd for each request) and of the replica's core is
+    spread over (1 + rest) times as long, a pass of 50,000 pods still inside a minute."""
+    began = time.perf_counter()
+    async for page in pages:
+        yield page
+        await asyncio.sleep((time.perf_counter() - began) * rest)
+        began = time.perf_counter()
