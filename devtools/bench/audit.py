@@ -253,11 +253,13 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         return [name, f"{m.mean * 1e3:.2f}", f"{m.quantile(0.99) * 1e3:.2f}",
                 f"{ms(p['probes'], 50):.2f}", f"{ms(p['probes'], 99):.1f}",
                 f"{p['pods'].created}/{p['pods'].created + len(p['pods'].failed)}",
-                f"{r['ready_rss']:.0f}", f"{max(p['rss'], default=math.nan):.0f}", f"{r['peak']:.0f}"]
+                f"{r['ready_rss']:.0f}", f"{max(p['rss'], default=math.nan):.0f}", f"{r['peak']:.0f}",
+                f"{p['cpu'] * 100:.0f} %", f"{p['cp_cpu'] * 100:.0f} %"]
 
     sec.lines += [
         *table(["audit", "mutating mean ms", "mutating p99 ms", "direct p50 ms", "direct p99 ms", "pods created",
-                "RSS at ready (MiB)", "RSS max while measured (MiB)", "peak RSS (MiB)"],
+                "RSS at ready (MiB)", "RSS max while measured (MiB)", "peak RSS (MiB)", "webhook CPU",
+                "etcd + API server CPU"],
                [lat("off", off), lat("on, passes running", on)]),
         "",
     ]
