@@ -24,7 +24,7 @@ from ..admission.chart import flag_and_value
 from ..admission.enforcement import enforced_pod
 from ..admission.workloads import check as check_workload
 from ..rules import templates
-from ..rules.capacity import ClusterView, report
+from ..rules.capacity import ClusterView, NodeReport, report
 from ..rules.config import CARD_SIZES, CORES_PER_CARD, Config
 from ..rules.quantities import QuantityError, whole
 from ..rules.shape import asks_for_slices
@@ -119,9 +119,17 @@ class Auditing:
         """The nodes as the node view holds them (its reports), and those it keeps aside as no sliced card's
         (`unreadable`: name -> the sgpu-core and sgpu-memory they reported)."""
         for r in self.view:
-            self._add("", capacity_results(r.name, "", r.per_card, None, None, self.config))
+            self.view_node(r)
+        self.view_nodes_aside(unreadable)
+
+    def view_nodes_aside(self, unreadable: Mapping[str, tuple[object, object]] | None) -> None:
+        """The nodes the view keeps aside as no sliced card's."""
         for name, (core, memory) in (unreadable or {}).items():
             self._add("", capacity_results(name, "", None, core, memory, self.config))
+
+    def view_node(self, r: NodeReport) -> list[Result]:
+        """One report of the node view (a caller that judges them a slice at a time)."""
+        return self._add("", capacity_results(r.name, "", r.per_card, None, None, self.config))
 
 
 def audit(snapshot: Snapshot, view: ClusterView, config: Config) -> Audit:
