@@ -3,9 +3,13 @@ its reads, writes and Lease run against a real API server in tests/e2e/test_audi
 
 from __future__ import annotations
 
+import gc
+
+import pytest
+
 from hami_mt_webhook.audit.findings import FAIL, WARN, Result
 from hami_mt_webhook.audit.objects import Subject
-from hami_mt_webhook.service.audit import EventLimit, _event, _resource
+from hami_mt_webhook.service.audit import EventLimit, _event, _heap_set_aside, _resource
 from hami_mt_webhook.service.metrics import Metrics
 
 
@@ -59,3 +63,12 @@ def test_a_fixed_violation_leaves_the_metrics_and_so_does_a_replica_that_stops_a
     assert 'rule="slice-pods"' not in text and "hami_mt_webhook_audit_duration_seconds 2.0" in text
     metrics.audit_lost()
     assert "hami_mt_webhook_audit_violations{" not in metrics.render().decode()
+
+
+def test_a_pass_walks_only_its_own_garbage_and_the_heap_is_put_back_after_it() -> None:
+    kept = [{"node": n} for n in range(1000)]  # what the replica holds: its node view
+    assert gc.get_freeze_count() == 0
+    with pytest.raises(RuntimeError), _heap_set_aside():
+        assert gc.get_freeze_count() >= len(kept)  # set aside from the collector while the pass runs
+        raise RuntimeError("a pass that fails")
+    assert gc.get_freeze_count() == 0  # back, so cyclic garbage among it is still collected
