@@ -9,7 +9,13 @@ import pytest
 
 from hami_mt_webhook.audit.findings import FAIL, WARN, Result
 from hami_mt_webhook.audit.objects import Subject
-from hami_mt_webhook.service.audit import EventLimit, _event, _heap_set_aside, _resource
+from hami_mt_webhook.service.audit import (
+    FULL_COLLECTIONS_APART,
+    EventLimit,
+    _event,
+    _no_full_collections,
+    _resource,
+)
 from hami_mt_webhook.service.metrics import Metrics
 
 
@@ -65,10 +71,9 @@ def test_a_fixed_violation_leaves_the_metrics_and_so_does_a_replica_that_stops_a
     assert "hami_mt_webhook_audit_violations{" not in metrics.render().decode()
 
 
-def test_a_pass_walks_only_its_own_garbage_and_the_heap_is_put_back_after_it() -> None:
-    kept = [{"node": n} for n in range(1000)]  # what the replica holds: its node view
-    assert gc.get_freeze_count() == 0
-    with pytest.raises(RuntimeError), _heap_set_aside():
-        assert gc.get_freeze_count() >= len(kept)  # set aside from the collector while the pass runs
+def test_no_full_collection_runs_during_a_pass_and_the_thresholds_come_back_after_it() -> None:
+    before = gc.get_threshold()
+    with pytest.raises(RuntimeError), _no_full_collections():
+        assert gc.get_threshold() == (*before[:2], FULL_COLLECTIONS_APART)  # the young ones still collected
         raise RuntimeError("a pass that fails")
-    assert gc.get_freeze_count() == 0  # back, so cyclic garbage among it is still collected
+    assert gc.get_threshold() == before
