@@ -51,8 +51,8 @@ PAGE = 100
 SLICE = 25
 #: After each page, a rest this many times as long as fetching and judging it took (`_paced`).
 REST = 1.0
-#: Collections of the middle generation between two full ones while a pass runs: more than a pass makes.
-FULL_COLLECTIONS_APART = 1_000_000
+#: How many times rarer CPython's full collections are while a pass runs (`_rare_full_collections`).
+FULL_COLLECTIONS_RARER = 10
 #: Pods that will not change again are not audited.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 REPORTS = f"/apis/{reports.API_VERSION}"
@@ -298,7 +298,7 @@ class Auditor:
 
     async def _pass_renewing(self, api: Api, renew: float) -> None:
         """A pass, with the Lease renewed beside it; a pass that loses the Lease writes nothing."""
-        with _no_full_collections():
+        with _rare_full_collections():
             work = asyncio.ensure_future(self.audit_pass(api))
             while not work.done():
                 await asyncio.wait([work], timeout=renew)
@@ -449,14 +449,14 @@ async def _judge(items: Sequence[T], judge: Callable[[T], list[Result]]) -> list
 
 
 @contextlib.contextmanager
-def _no_full_collections() -> Iterator[None]:
-    """No full collection by CPython's cyclic garbage collector while a pass runs. A full collection visits
-    every reference of every object it walks, the page being judged among them; during a pass one came every
-    0.3 s and held the event loop 6-20 ms each time at 100 pods a page (measured at 10,000 nodes), and reviews
-    waited on it. A page is freed by its references, not by the collector, so nothing piles up meanwhile;
-    the young generations are still collected, and the thresholds are put back when the pass ends."""
+def _rare_full_collections() -> Iterator[None]:
+    """Full collections by CPython's cyclic garbage collector ten times rarer while a pass runs. A full
+    collection visits every reference of every object it walks, the page being judged among them: at the
+    default thresholds one came every 0.3 s of a pass and held the event loop 6-20 ms each time (measured at
+    10,000 nodes), and reviews waited on it. None at all would let a pass's cyclic garbage (its responses)
+    pile up until it ends. The thresholds are put back when the pass ends."""
     thresholds = gc.get_threshold()
-    gc.set_threshold(thresholds[0], thresholds[1], FULL_COLLECTIONS_APART)
+    gc.set_threshold(thresholds[0], thresholds[1], thresholds[2] * FULL_COLLECTIONS_RARER)
     try:
         yield
     finally:

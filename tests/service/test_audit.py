@@ -10,10 +10,10 @@ import pytest
 from hami_mt_webhook.audit.findings import FAIL, WARN, Result
 from hami_mt_webhook.audit.objects import Subject
 from hami_mt_webhook.service.audit import (
-    FULL_COLLECTIONS_APART,
+    FULL_COLLECTIONS_RARER,
     EventLimit,
     _event,
-    _no_full_collections,
+    _rare_full_collections,
     _resource,
 )
 from hami_mt_webhook.service.metrics import Metrics
@@ -71,9 +71,9 @@ def test_a_fixed_violation_leaves_the_metrics_and_so_does_a_replica_that_stops_a
     assert "hami_mt_webhook_audit_violations{" not in metrics.render().decode()
 
 
-def test_no_full_collection_runs_during_a_pass_and_the_thresholds_come_back_after_it() -> None:
+def test_full_collections_are_rarer_during_a_pass_and_the_thresholds_come_back_after_it() -> None:
     before = gc.get_threshold()
-    with pytest.raises(RuntimeError), _no_full_collections():
-        assert gc.get_threshold() == (*before[:2], FULL_COLLECTIONS_APART)  # the young ones still collected
+    with pytest.raises(RuntimeError), _rare_full_collections():
+        assert gc.get_threshold() == (*before[:2], before[2] * FULL_COLLECTIONS_RARER)  # the young ones as they were
         raise RuntimeError("a pass that fails")
     assert gc.get_threshold() == before
