@@ -134,6 +134,24 @@ async def create_pods(api: Any, total: int) -> float:
     return time.perf_counter() - started
 
 
+def slow_around_pass(pods: scale_rig.Pods, last: dict[str, Any], step: float = 5.0) -> str:
+    """Creations slower than SLOW (as the client saw them) before the last pass, in each `step` seconds of it,
+    and after it: where in a pass kube-apiserver's own calls slow down."""
+    end = last.get("last_success_timestamp_seconds", math.nan)
+    start = end - last.get("duration_seconds", math.nan)
+    if math.isnan(start):
+        return "no pass ended while measured"
+    bins: dict[str, list[int]] = {}
+    for at, took in zip(pods.client_at, pods.client_ms, strict=True):
+        key = ("before" if at < start else "after" if at >= end
+               else f"{int((at - start) // step) * step:.0f}-{int((at - start) // step + 1) * step:.0f} s")
+        slow, total = bins.setdefault(key, [0, 0])
+        bins[key] = [slow + (took > SLOW * 1e3), total + 1]
+    order = ["before", *sorted((k for k in bins if k.endswith(" s")), key=lambda k: float(k.split("-")[0])),
+             "after"]
+    return "; ".join(f"{k} {bins[k][0]} of {bins[k][1]}" for k in order if k in bins)
+
+
 def pin(pids: list[int], cpu: int) -> None:
     """Every thread of each process onto `cpu` (`taskset -a`)."""
     for pid in pids:
@@ -286,6 +304,11 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                 lat(f"on, every {chart_interval()} s as the chart runs it (over {chart['seconds']:.0f} s: a "
                     "whole pass and wait)", chart)]),
         "",
+    ]
+    sec.lines += [
+        f"- Creations over {SLOW * 1e3:.0f} ms as the client saw them, around the pass inside the "
+        f"{chart_interval()} s run (its start, then each 5 s of it): "
+        f"{slow_around_pass(chart['pods']['pods'], chart['after'])}.",
     ]
     during = max(first.get("rss_max", math.nan), second.get("rss_max", math.nan),
                  max(on["pods"]["rss"], default=math.nan))

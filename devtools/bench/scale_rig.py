@@ -38,6 +38,8 @@ class Pods:
     failed: list[str] = field(default_factory=list)
     retried: int = 0
     client_ms: list[float] = field(default_factory=list)
+    #: When each of `client_ms` was sent (Unix time): slow ones set against what else ran then.
+    client_at: list[float] = field(default_factory=list)
 
 
 class Rig:
@@ -76,7 +78,7 @@ class Rig:
         body = orjson.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"p-{self.count:06d}"},
                              "spec": {"containers": [{"name": "main", "image": "musa-runtime",
                                                       "resources": {"limits": {VGPU: "1"}}}]}})
-        started = time.perf_counter()
+        started, at = time.perf_counter(), time.time()
         deadline = started + 60
         while True:
             try:
@@ -89,6 +91,7 @@ class Rig:
             if status == 201:
                 out.created += 1
                 out.client_ms.append((time.perf_counter() - started) * 1e3)
+                out.client_at.append(at)
                 return
             retryable = status in (0, 429, 503) or (status in (500, 504) and "webhook" not in text)
             if not retryable or time.perf_counter() > deadline:

@@ -16,6 +16,8 @@ import orjson
 import pytest
 
 from devtools.bench import cli, http, report, workload
+from devtools.bench.audit import slow_around_pass
+from devtools.bench.scale_rig import Pods
 from devtools.cluster import CONFIG, pod
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.capacity import ClusterView
@@ -220,3 +222,10 @@ def test_a_written_report_reads_back_as_its_sections(tmp_path) -> None:
         ("A", "http", ["line", "", "| t |"], ["a says."], "2027-01-03 00:00 UTC"),
         ("B", "peers", ["other"], [], "2027-01-03 00:00 UTC")]
     assert shared == []
+
+
+def test_slow_creations_are_placed_before_in_and_after_the_pass() -> None:
+    pods = Pods(client_ms=[3.0, 40.0, 30.0, 2.0, 50.0], client_at=[95.0, 101.0, 103.0, 107.0, 121.0])
+    last = {"last_success_timestamp_seconds": 120.0, "duration_seconds": 20.0}
+    assert slow_around_pass(pods, last) == "before 0 of 1; 0-5 s 2 of 2; 5-10 s 0 of 1; after 1 of 1"
+    assert slow_around_pass(pods, {}) == "no pass ended while measured"
