@@ -304,24 +304,34 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     def ms(values: list[float], q: float) -> float:
         return percentile(sorted(values), q) if values else math.nan
 
+    def slow_calls(r: dict[str, Any]) -> str:
+        m = r["pods"]["mutate"]
+        return f"{round((1 - m.share_within(SLOW)) * m.count)} of {m.count:.0f}"
+
     def lat(name: str, r: dict[str, Any]) -> list[str]:
         p, m = r["pods"], r["pods"]["mutate"]
         slow = round((1 - m.share_within(SLOW)) * m.count)
         return [name, f"{m.mean * 1e3:.2f}", f"{m.quantile(0.99) * 1e3:.2f}", f"{slow} of {m.count:.0f}",
+                f"{ms(p['pods'].client_ms, 50):.1f}", f"{ms(p['pods'].client_ms, 99):.1f}",
                 f"{ms(p['probes'], 50):.2f}", f"{ms(p['probes'], 99):.1f}",
                 f"{p['pods'].created}/{p['pods'].created + len(p['pods'].failed)}",
                 f"{r['ready_rss']:.0f}", f"{max(p['rss'], default=math.nan):.0f}", f"{r['peak']:.0f}",
                 f"{p['cpu'] * 100:.0f} %", f"{p['cp_cpu'] * 100:.0f} %"]
 
     sec.lines += [
-        *table(["audit", "mutating mean ms", "mutating p99 ms", f"mutating over {SLOW * 1e3:.0f} ms",
-                "direct p50 ms", "direct p99 ms", "pods created",
+        *table(["audit", "mutating mean ms", "mutating p99 ms (histogram)", f"mutating over {SLOW * 1e3:.0f} ms",
+                "creation p50 ms (client)", "creation p99 ms (client)", "direct p50 ms", "direct p99 ms",
+                "pods created",
                 "RSS at ready (MiB)", "RSS max while measured (MiB)", "peak RSS (MiB)", "webhook CPU",
                 "etcd + API server CPU"],
                [lat(f"off ({off['seconds']:.0f} s)", off),
                 lat(f"on, passes back to back ({on['seconds']:.0f} s)", on),
                 lat(f"on, every {chart_interval()} s as the chart runs it (over {chart['seconds']:.0f} s: a "
                     "whole pass and wait)", chart)]),
+        "",
+        "kube-apiserver's histogram of webhook calls has buckets at 5, 25 and 100 ms, so its p99 is interpolated "
+        f"within a bucket: the calls over {SLOW * 1e3:.0f} ms, and the creations as the client timed them (the "
+        "whole request, the webhook's call inside it), are the figures that say whether admission moved.",
         "",
     ]
     sec.lines += [
@@ -339,9 +349,10 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     sec.reading.append(
         f"At {nodes:,} nodes and {pods:,} pods a full audit pass takes {first.get('duration_seconds', math.nan):.1f} s "
         f"(target ≤ 60) and takes the replica {during - on['ready_rss']:+.0f} MiB above its RSS at ready (target ≤ "
-        f"30); admission p99 {off['pods']['mutate'].quantile(0.99) * 1e3:.1f} ms without the audit and "
-        f"{on['pods']['mutate'].quantile(0.99) * 1e3:.1f} ms with passes back to back, "
-        f"{chart['pods']['mutate'].quantile(0.99) * 1e3:.1f} ms over a whole interval at the chart's "
-        f"{chart_interval()} s; straight to the webhook {ms(off['pods']['probes'], 99):.1f}, "
+        f"30); a pod's creation p99 as the client timed it {ms(off['pods']['pods'].client_ms, 99):.1f} ms "
+        f"without the audit, {ms(on['pods']['pods'].client_ms, 99):.1f} ms with passes back to back and "
+        f"{ms(chart['pods']['pods'].client_ms, 99):.1f} ms over a whole interval at the chart's "
+        f"{chart_interval()} s (webhook calls over {SLOW * 1e3:.0f} ms: {slow_calls(off)}, {slow_calls(on)} and "
+        f"{slow_calls(chart)}); straight to the webhook {ms(off['pods']['probes'], 99):.1f}, "
         f"{ms(on['pods']['probes'], 99):.1f} and {ms(chart['pods']['probes'], 99):.1f} ms.")
     return sec
