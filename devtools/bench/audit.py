@@ -310,8 +310,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
 
     def lat(name: str, r: dict[str, Any]) -> list[str]:
         p, m = r["pods"], r["pods"]["mutate"]
-        slow = round((1 - m.share_within(SLOW)) * m.count)
-        return [name, f"{m.mean * 1e3:.2f}", f"{m.quantile(0.99) * 1e3:.2f}", f"{slow} of {m.count:.0f}",
+        return [name, f"{m.mean * 1e3:.2f}", f"{m.quantile(0.99) * 1e3:.2f}", slow_calls(r),
                 f"{ms(p['pods'].client_ms, 50):.1f}", f"{ms(p['pods'].client_ms, 99):.1f}",
                 f"{ms(p['probes'], 50):.2f}", f"{ms(p['probes'], 99):.1f}",
                 f"{p['pods'].created}/{p['pods'].created + len(p['pods'].failed)}",
