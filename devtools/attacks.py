@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from devtools import procs
-from devtools.binaries import REPO_ROOT
+from devtools.paths import REPO_ROOT
 
 KINDS = ("idle", "slow-read", "silent", "half-hello", "big", "slow-header", "plain-idle")
 HOST = "127.0.0.1"

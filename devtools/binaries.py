@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from devtools.paths import REPO_ROOT
+
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-controlplane.sh"
 BIN_ENV = "HAMI_MT_CONTROLPLANE_BIN"
 VERSION_ENV = "HAMI_MT_KUBE_VERSION"

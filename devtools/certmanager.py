@@ -22,8 +22,8 @@ from devtools import image, local
 from devtools.binaries import binaries as controlplane_binaries
 from devtools.local import helm
 from devtools.nodes import Cluster
+from devtools.paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-cert-manager.sh"
 MODULE_DIR = REPO_ROOT / "controlplane" / "cert-manager"
 MODULE = "github.com/cert-manager/cert-manager"

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-CHANGELOG = Path(__file__).resolve().parents[1] / "CHANGELOG.md"
+from devtools.paths import CHANGELOG
 
 #: A version's heading: `## [0.1.0] - 2026-12-05`, `## [Unreleased]` (the brackets and the date optional).
 _HEADING = re.compile(r"^## +\[?(?P<version>[^\]\s]+)\]?(?: +- +\S.*)?$")

@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.binaries import BIN_ENV, REPO_ROOT, VERSION_ENV, ControlPlaneError, binaries, pinned_versions
+from devtools.binaries import BIN_ENV, VERSION_ENV, ControlPlaneError, binaries, pinned_versions
+from devtools.paths import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "compatibility.md"
 BEGIN, END = "<!-- compat table: begin -->", "<!-- compat table: end -->"

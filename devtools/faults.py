@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from devtools import local
+from devtools import local, paths
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, Outcome, creating
 from hami_mt_webhook.service.peerview import CONDITION
@@ -417,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             faults = Faults(cluster, lt)
             for i, mode in enumerate(modes):
                 if i:
-                    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE,
+                    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE,
                                "--reuse-values", "--set", f"failover.enabled={mode == 'on'}".lower(), "--wait")
                 for key in keys:
                     result = faults.measure(key)

@@ -37,9 +37,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook import __version__
 
-ROOT = Path(__file__).resolve().parent.parent
 #: The chart's `image.repository`; podman stores it as localhost/hami-mt-webhook.
 REPOSITORY = "hami-mt-webhook"
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hami-mt-webhook" / "image"
@@ -314,7 +314,7 @@ def reference_for(platform: str = "linux/amd64", tag: str | None = None) -> str:
 
 
 def build(mode: str = "auto", tag: str | None = None, say: Callable[[str], None] = print,
-          platform: str = "linux/amd64", labels: dict[str, str] | None = None, context: Path = ROOT) -> str:
+          platform: str = "linux/amd64", labels: dict[str, str] | None = None, context: Path = REPO_ROOT) -> str:
     """Build the image for `platform` (linux/amd64 or linux/arm64) from the Dockerfile, the bases first (see
     `ensure_bases`); return its name (`reference_for`). `labels` become --label flags and, for the OCI
     labels the Dockerfile declares (`org.opencontainers.image.revision` and `.version`), build arguments.

@@ -27,12 +27,12 @@ from devtools import cluster, manifests, monitoring, procs
 from devtools.binaries import ControlPlaneError
 from devtools.controlplane import ControlPlane
 from devtools.nodes import Cluster
+from devtools.paths import CHART
 from hami_mt_webhook.service import certs
 
 NAMESPACE = "hami-mt-webhook"
 SERVICE_ACCOUNT = "hami-mt-webhook"
 #: The chart, and the release name the README's Helm section installs it under.
-CHART = Path(__file__).resolve().parent.parent / "charts" / "hami-mt-webhook"
 RELEASE = "hami-mt-webhook"
 
 

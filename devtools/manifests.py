@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from devtools.paths import MANIFESTS
 from hami_mt_webhook.admission.configurations import (
     WEBHOOK_KINDS,
     Dumper,
@@ -38,7 +39,7 @@ _KUSTOMIZATION_FIELDS = frozenset({"apiVersion", "kind", "resources"})
 
 def base_dir() -> Path:
     """The kustomize base in the repository (`manifests/`)."""
-    return Path(__file__).resolve().parent.parent / "manifests"
+    return MANIFESTS
 
 
 def load(path: Path | None = None) -> list[Manifest]:

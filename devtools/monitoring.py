@@ -23,12 +23,12 @@ from typing import Any
 import yaml
 
 from devtools import manifests, procs
+from devtools.paths import CHART
 
 __all__ = ["CHART", "COMPONENT", "COMPONENT_FILES", "DASHBOARD_FILE", "JOB", "MONITOR_API", "NAMESPACE",
            "RULE_API", "Prometheus", "Selector", "alerts", "component_rules", "dashboard", "dashboard_queries",
            "render_component", "scrape_configs", "selectors", "tool", "write_component"]
 
-CHART = Path(__file__).resolve().parent.parent / "charts" / "hami-mt-webhook"
 DASHBOARD_FILE = CHART / "files" / "dashboard.json"
 COMPONENT = manifests.base_dir() / "components" / "monitoring"
 #: What the cluster must serve for the chart to render its PrometheusRule.

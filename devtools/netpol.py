@@ -43,9 +43,9 @@ import time
 from pathlib import Path
 
 from devtools import image, node, pki
-from devtools.binaries import REPO_ROOT
 from devtools.node import Host
 from devtools.nodes import Cluster
+from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-network-policies.sh"

@@ -40,8 +40,9 @@ from typing import Any
 import yaml
 
 from devtools import image, pki
-from devtools.binaries import REPO_ROOT, ControlPlaneError
+from devtools.binaries import ControlPlaneError
 from devtools.netns import Namespace
+from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
 from hami_mt_webhook.service import certs
 

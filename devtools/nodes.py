@@ -61,6 +61,7 @@ from devtools.binaries import ControlPlaneError, binaries
 from devtools.controlplane import ControlPlane
 from devtools.netns import Namespace
 from devtools.node import Host, NodeError
+from devtools.paths import REPO_ROOT
 from devtools.procs import die_with_parent, tail
 
 #: A process that fills memory once told to (a line on stdin): the pressure `oom_kill_pod` puts on a cgroup. The
@@ -445,7 +446,7 @@ class Cluster:
         pairs = [f"{p + DELAY_PORT_OFFSET}:{p}" for p in ports]
         relay = subprocess.Popen(["nsenter", f"--net={netns}", sys.executable, "-m", "devtools.delayer", "--delay",
                                   str(seconds), *pairs], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                 stdin=subprocess.DEVNULL, cwd=Path(__file__).resolve().parent.parent,
+                                 stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                                  preexec_fn=die_with_parent())
         self._relays[(namespace, name)] = relay
         assert relay.stdout is not None

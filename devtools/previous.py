@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devtools import image
-from devtools.binaries import REPO_ROOT
+from devtools.paths import REPO_ROOT
 
 __all__ = ["RELEASE", "Previous", "PreviousError", "build", "fetch_commit"]
 

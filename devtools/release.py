@@ -41,12 +41,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from devtools import changelog, image, oci, wheel
-from devtools.binaries import REPO_ROOT, binaries
+from devtools.binaries import binaries
+from devtools.paths import CHANGELOG, CHART, REPO_ROOT
 from hami_mt_webhook import __version__
 
 TOOLS_SCRIPT = REPO_ROOT / "scripts" / "build-release-tools.sh"
-CHART_DIR = REPO_ROOT / "charts" / "hami-mt-webhook"
-CHANGELOG = REPO_ROOT / "CHANGELOG.md"
 NAME = "hami-mt-webhook"
 #: The architectures of every release, as OCI platforms name them.
 ARCHITECTURES = ("amd64", "arm64")
@@ -250,7 +249,7 @@ def package_chart(rel: Release, dist: Path, tools: Tools) -> Path:
     """The chart at the release's version, its default image this release's index by digest."""
     with tempfile.TemporaryDirectory() as tmp:
         chart = Path(tmp) / NAME
-        shutil.copytree(CHART_DIR, chart)
+        shutil.copytree(CHART, chart)
         values = chart / "values.yaml"
         values.write_text(pinned_values(values.read_text(), rel.registry, rel.index_digest))
         tools.run(str(tools.helm_bin), "lint", "--strict", str(chart))

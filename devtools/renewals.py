@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from devtools import certmanager, local
+from devtools import certmanager, local, paths
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, PodCreator, slice_pod
 
@@ -144,7 +144,7 @@ def wait_served(cluster: Cluster, cert: x509.Certificate, timeout: float = SERVE
 
 
 def upgrade(cluster: Cluster, *values: str) -> None:
-    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE,
+    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE,
                "--reuse-values", *(a for v in values for a in ("--set", v)))
 
 

@@ -19,7 +19,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from devtools.paths import REPO_ROOT
+
 #: Installs kept by `install_cached`, one per source state, newest last.
 CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hami-mt-webhook" / "installed"
 KEEP = 3
@@ -86,10 +87,10 @@ def copy_sources(src: Path) -> Path:
     """A copy of `SOURCES` at `src`, without bytecode."""
     src.mkdir(parents=True)
     for name in SOURCES:
-        if (ROOT / name).is_dir():
-            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        if (REPO_ROOT / name).is_dir():
+            shutil.copytree(REPO_ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
-            shutil.copy2(ROOT / name, src / name)
+            shutil.copy2(REPO_ROOT / name, src / name)
     return src
 
 
@@ -120,11 +121,11 @@ def install(dest: Path) -> Installed:
 def source_key() -> str:
     """A digest of everything the wheel is built from (the package, pyproject.toml, README) and the Python."""
     h = hashlib.sha256(sys.version.encode())
-    files = [ROOT / "pyproject.toml", ROOT / "setup.py", ROOT / "README.md",
-             *sorted(p for p in (ROOT / "hami_mt_webhook").rglob("*")
+    files = [REPO_ROOT / "pyproject.toml", REPO_ROOT / "setup.py", REPO_ROOT / "README.md",
+             *sorted(p for p in (REPO_ROOT / "hami_mt_webhook").rglob("*")
                      if p.is_file() and "__pycache__" not in p.parts)]
     for path in files:
-        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+        h.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -164,7 +165,7 @@ _LEAKS = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "VIRTUA
 
 def _run(cmd: list[str], env: dict[str, str] | None = None) -> None:
     clean = {k: v for k, v in os.environ.items() if k not in _LEAKS} | {"PYTHONNOUSERSITE": "1"} | (env or {})
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT.parent, env=clean)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT.parent, env=clean)
     if proc.returncode:
         output = proc.stdout[-2000:] + proc.stderr[-4000:]
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}:\n{output}")

@@ -22,15 +22,14 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.paths import CHART, REPO_ROOT
 from hami_mt_webhook.admission import chart
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
-CHART = ROOT / "charts" / "hami-mt-webhook"
+README = REPO_ROOT / "README.md"
 #: Every document a user reads for how to run, install or configure this project.
-DOCS = (README, *sorted((ROOT / "docs").glob("*.md")), CHART / "README.md", ROOT / "certs" / "README.md")
+DOCS = (README, *sorted((REPO_ROOT / "docs").glob("*.md")), CHART / "README.md", REPO_ROOT / "certs" / "README.md")
 #: Top-level values of other charts the docs set (`--set`), not ours: HAMi's chart.
 FOREIGN_VALUES = {"scheduler", "devices"}
 #: A dotted span ending so is a file (`image.py`), not a value.
@@ -246,14 +245,14 @@ def _configurations(docs: Iterable[dict[str, Any]]) -> int:
 
 def _doc_texts() -> Iterator[tuple[str, str]]:
     for path in DOCS:
-        yield str(path.relative_to(ROOT)), path.read_text()
+        yield str(path.relative_to(REPO_ROOT)), path.read_text()
 
 
 # --- the docs against the truth --------------------------------------------------------------------------
 
 
 def test_docs_name_only_makefile_targets_that_exist() -> None:
-    targets = makefile_targets((ROOT / "Makefile").read_text())
+    targets = makefile_targets((REPO_ROOT / "Makefile").read_text())
     assert {"run", "test", "help", "test-release"} <= targets
     wrong = {(name, t) for name, text in _doc_texts() for t in make_targets_named(text) - targets}
     assert not wrong, f"make targets the Makefile does not have: {sorted(wrong)}"
@@ -280,7 +279,7 @@ def base_configurations() -> int:
 
     if KUBECTL is None:
         pytest.skip("no kubectl on PATH")
-    out = subprocess.run([KUBECTL, "kustomize", str(ROOT / "manifests")], check=True, capture_output=True,
+    out = subprocess.run([KUBECTL, "kustomize", str(REPO_ROOT / "manifests")], check=True, capture_output=True,
                          text=True).stdout
     return _configurations(yaml.safe_load_all(out))
 
@@ -313,7 +312,7 @@ def test_going_back_deletes_every_admission_object_before_the_deployment(tmp_pat
 
     if KUBECTL is None:
         pytest.skip("no kubectl on PATH")
-    section = _section((ROOT / "docs" / "migration.md").read_text(), "Going back")
+    section = _section((REPO_ROOT / "docs" / "migration.md").read_text(), "Going back")
     installed = {(d["kind"].lower(), d["metadata"]["name"])
                  for docs in (with_components(tmp_path / "a", "warn"), with_components(tmp_path / "b", "guard-webhook"))
                  for d in docs if d["kind"] in ADMISSION_KINDS}
@@ -338,7 +337,7 @@ def test_metrics_table_lists_every_registered_metric() -> None:
     exposed = re.findall(r"^# TYPE (\S+) ", Metrics().render().decode(), re.M)
     registered = {name for name in exposed if not name.endswith("_created")}  # a counter's start time
     assert "hami_mt_webhook_peer_verdicts_total" in registered
-    section = _section((ROOT / "docs" / "operating.md").read_text(), "Metrics")
+    section = _section((REPO_ROOT / "docs" / "operating.md").read_text(), "Metrics")
     documented = {m for m in re.findall(r"^\| `(hami_mt_webhook_\w+)`", section, re.M)}
     assert registered - documented == set(), "registered but not in docs/operating.md's Metrics table"
     assert documented - registered == set(), "in docs/operating.md's Metrics table but not registered"
@@ -361,11 +360,11 @@ def test_links_to_a_section_find_it() -> None:
         for target, name in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", doc.read_text()):
             path = (doc.parent / target).resolve() if target else doc
             if path.suffix == ".md" and path.exists() and name not in heading_anchors(path.read_text()):
-                wrong.append(f"{doc.relative_to(ROOT)}: {target}#{name}")
+                wrong.append(f"{doc.relative_to(REPO_ROOT)}: {target}#{name}")
     assert not wrong, wrong
     assert {"builds-the-image-and-make-test-on-2-cores", "1-loopback-https-the-webhook-beside-a-bare-aiohttp-tls-server"
-            } <= heading_anchors((ROOT / "docs" / "PERFORMANCE.md").read_text())
-    assert "no-such-section" not in heading_anchors((ROOT / "docs" / "PERFORMANCE.md").read_text())
+            } <= heading_anchors((REPO_ROOT / "docs" / "PERFORMANCE.md").read_text())
+    assert "no-such-section" not in heading_anchors((REPO_ROOT / "docs" / "PERFORMANCE.md").read_text())
 
 
 # --- each checker catches a planted wrong name ----------------------------------------------------------
@@ -388,7 +387,7 @@ It installs the three webhook configurations; all 5 pod webhook configurations.
 
 
 def test_make_checker_catches_a_target_that_does_not_exist() -> None:
-    targets = makefile_targets((ROOT / "Makefile").read_text())
+    targets = makefile_targets((REPO_ROOT / "Makefile").read_text())
     named = make_targets_named(PLANTED)
     assert named == {"tset", "test-e2e", "bench", "lnit"}
     assert named - targets == {"tset", "lnit"}
@@ -418,11 +417,11 @@ def test_count_checker_catches_a_wrong_number() -> None:
 
 def test_make_help_lists_every_described_target_and_is_the_default_goal() -> None:
     """A bare `make` is `make help` (nothing built), and help names every target with a `##` description."""
-    makefile = (ROOT / "Makefile").read_text()
+    makefile = (REPO_ROOT / "Makefile").read_text()
     described = dict(re.findall(r"^([a-zA-Z0-9_-]+):[^#=\n]*## *(.+)$", makefile, re.M))
     assert {"help", "run", "test", "release"} <= set(described)
     def make(*args: str) -> str:
-        return subprocess.run(["make", "--no-print-directory", *args], capture_output=True, text=True, cwd=ROOT,
+        return subprocess.run(["make", "--no-print-directory", *args], capture_output=True, text=True, cwd=REPO_ROOT,
                               check=True).stdout
 
     shown = make("help")

@@ -15,8 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import hami_mt_webhook
-
-ROOT = Path(__file__).resolve().parents[1]
+from devtools.paths import REPO_ROOT
 
 
 def package_modules() -> dict[str, ModuleType]:
@@ -40,7 +39,7 @@ def layer(module: str) -> str:
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = list(path.relative_to(REPO_ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -73,11 +72,11 @@ def uses(path: Path) -> Iterator[tuple[int, str, str]]:
 def crossings() -> Iterator[tuple[str, int, str, str]]:
     """(file, line, module, name) for each use of a package module from another layer or from devtools
     (module dunders such as `__file__` aside)."""
-    for path in sorted([*(ROOT / "hami_mt_webhook").rglob("*.py"), *(ROOT / "devtools").rglob("*.py")]):
+    for path in sorted([*(REPO_ROOT / "hami_mt_webhook").rglob("*.py"), *(REPO_ROOT / "devtools").rglob("*.py")]):
         me = module_name(path)
         for line, target, name in uses(path):
             if layer(target) != layer(me) and not (name.startswith("__") and name.endswith("__")):
-                yield str(path.relative_to(ROOT)), line, target, name
+                yield str(path.relative_to(REPO_ROOT)), line, target, name
 
 
 def test_every_all_names_what_its_module_has() -> None:

@@ -37,7 +37,8 @@ from devtools import fleet, policyreports
 from devtools.bench import scale_rig
 from devtools.bench.report import Section, fmt, percentile, samples, table
 from devtools.cluster import MEMORY, S4000, S5000, VGPU
-from devtools.local import CHART, NAMESPACE
+from devtools.local import NAMESPACE
+from devtools.paths import CHART
 from hami_mt_webhook.admission.enforcement import enforced_pod
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config

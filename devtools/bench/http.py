@@ -17,10 +17,10 @@ from typing import Any
 
 import orjson
 
-from devtools.bench import REPO_ROOT
 from devtools.bench.report import Section, fmt, stats_lines, table
 from devtools.bench.servers import Pinning, Process, Server, drop_worktree, webhook_tree, worktree
 from devtools.bench.workload import DESCRIBE, EXPECT, KINDS, PATH, bodies
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.service import certs
 
 

@@ -29,13 +29,14 @@ import orjson
 import yaml
 
 from devtools import hami, procs
-from devtools.bench import REPO_ROOT, hops
+from devtools.bench import hops
 from devtools.bench.apiserver import admin_session, create_nodes
 from devtools.bench.http import Harness, Load, answered, post_once
 from devtools.bench.report import Histogram, Section, fmt, histograms, loadavg, percentile, table
 from devtools.bench.servers import Process, Server, webhook_tree
 from devtools.bench.workload import KINDS, cluster
 from devtools.cluster import pod
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.service import certs
 
 TITLE = "Peers: HAMi's webhook beside this one"

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from devtools.bench import REPO_ROOT
+from devtools.paths import REPO_ROOT
 
 #: Everything from this line on in the written report is kept when the benchmark writes it again.
 NOTES_MARKER = "<!-- analysis: kept across reruns -->"

@@ -21,10 +21,10 @@ from typing import Any
 import orjson
 
 from devtools import procs
-from devtools.bench import REPO_ROOT
 from devtools.bench.report import percentile
 from devtools.bench.workload import PATH, cluster
 from devtools.cluster import CONFIG
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.service import certs
 from hami_mt_webhook.service.listener import Limits

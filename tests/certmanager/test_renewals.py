@@ -10,14 +10,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from devtools import local, renewals
+from devtools import local, paths, renewals
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread
 from hami_mt_webhook.doctor.serving import signs
 
 from .conftest import MEASURED
-
-ROOT_DIR = local.CHART.parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +38,7 @@ def test_the_root_signs_the_serving_certificate_and_is_the_ca_bundle(chart: Clus
 
 
 def test_doctor_reads_cert_managers_view(chart: Cluster) -> None:
-    done = subprocess.run([str(ROOT_DIR / ".venv" / "bin" / "hami-mt-webhook"), "doctor", "--kubeconfig",
+    done = subprocess.run([str(paths.REPO_ROOT / ".venv" / "bin" / "hami-mt-webhook"), "doctor", "--kubeconfig",
                            str(chart.kubeconfig), "-o", "json"], capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 1), done.stderr
     findings = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
@@ -71,7 +69,7 @@ def test_a_fresh_install_with_cert_manager_admits_from_its_first_replica(chart: 
     chart.kubectl("delete", "secret", "-n", renewals.NAMESPACE, renewals.SECRET, renewals.ROOT,
                   "--ignore-not-found")
     started = time.monotonic()
-    local.helm(cp, "install", local.RELEASE, str(local.CHART), "-n", renewals.NAMESPACE,
+    local.helm(cp, "install", local.RELEASE, str(paths.CHART), "-n", renewals.NAMESPACE,
                "--set", f"image.repository={local.NODE_IMAGE_REPOSITORY}", "--set", "certManager.enabled=true")
     renewals.wait_until("3 replicas Ready", lambda: local.ready_replicas(chart) == 3, 180)
     ready = time.monotonic() - started

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.cli import main as cli
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples"
 EXPECTED = EXAMPLES / "expected"
 NODES = EXAMPLES / "nodes.yaml"
 FILES = sorted(p for p in EXAMPLES.glob("*.yaml") if p != NODES)
-DOCS = ROOT / "docs"
+DOCS = REPO_ROOT / "docs"
 
 
 def review(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:

@@ -13,6 +13,7 @@ import jsonpatch
 import pytest
 import yaml
 
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import offline_review as offline
@@ -20,8 +21,7 @@ from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.quantities import whole
 from tests.builders import CORE, MEMORY, SCHEDULER, VGPU, WHOLE, container, decode_patch, make_pod, review_body
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples"
 NODES = EXAMPLES / "nodes.yaml"
 EXE = Path(sys.executable).parent / "hami-mt-webhook"
 KEYS = {"name", "namespace", "allowed", "code", "message", "warnings", "patch", "object"}

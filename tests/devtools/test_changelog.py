@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from devtools import changelog
+from devtools import changelog, paths
 
 TEXT = """# Changelog
 
@@ -64,7 +64,7 @@ def test_an_empty_section_is_refused() -> None:
 
 
 def test_the_repositorys_changelog_has_the_first_release_and_unreleased() -> None:
-    text = changelog.CHANGELOG.read_text()
+    text = paths.CHANGELOG.read_text()
     assert "signed" in changelog.section(text, "0.1.0")
     assert "\n## [Unreleased]\n" in text  # where the next release's changes are written
 

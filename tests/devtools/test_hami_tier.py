@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 from devtools import controllers, hami
-
-ROOT = Path(__file__).resolve().parents[2]
+from devtools.paths import REPO_ROOT
 
 
 def test_the_stand_in_profile_ignores_vgpu_itself_and_calls_no_extender() -> None:
@@ -51,7 +50,7 @@ def test_hami_s_metrics_tell_the_cards_it_registered_per_node() -> None:
 def _pytest(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != hami.SOURCE_ENV}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, "tests/hami"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
 def test_the_tier_is_left_out_unless_selected_and_skipped_without_hami_s_sources() -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-LOCK = ROOT / "requirements" / "image.lock"
+from devtools.paths import REPO_ROOT
+
+LOCK = REPO_ROOT / "requirements" / "image.lock"
 
 
 def _name(name: str) -> str:
@@ -25,7 +25,7 @@ def pinned(lines: list[str]) -> dict[str, str]:
 
 
 def test_every_dependency_is_locked_at_its_pinned_version():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     wanted = pinned(project["dependencies"])
     assert len(wanted) == len(project["dependencies"]), "every runtime dependency is pinned with =="
     locked = pinned(LOCK.read_text().splitlines())

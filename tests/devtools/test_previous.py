@@ -7,7 +7,7 @@ import subprocess
 import pytest
 import yaml
 
-from devtools import binaries, previous
+from devtools import paths, previous
 
 
 def test_a_revision_must_be_a_full_commit_id() -> None:
@@ -38,7 +38,7 @@ def test_a_shallow_clone_fetches_the_release_commit_from_its_origin(tmp_path, mo
     """CI may clone with --depth 1: the release's commit is then fetched, that one commit only."""
     previous.fetch_commit(previous.RELEASE)  # this clone may be shallow too: the sub-clone's origin needs it
     clone = tmp_path / "clone"
-    subprocess.run(["git", "clone", "--quiet", "--depth=1", "--no-local", f"file://{binaries.REPO_ROOT}",
+    subprocess.run(["git", "clone", "--quiet", "--depth=1", "--no-local", f"file://{paths.REPO_ROOT}",
                     str(clone)], check=True, capture_output=True)
     monkeypatch.setattr(previous, "REPO_ROOT", clone)
     monkeypatch.setattr(previous.image, "CACHE", tmp_path / "image")

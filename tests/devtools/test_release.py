@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import oci, release
+from devtools import oci, paths, release
 
 CHANGELOG = "# Changelog\n\n## [Unreleased]\n\n## [0.1.0] - 2026-12-05\n\n### Added\n- The webhooks.\n"
 
@@ -53,7 +53,7 @@ def test_key_required_and_must_exist(tmp_path: Path) -> None:
 
 
 def test_chart_values_pinned_with_comments_kept() -> None:
-    values = (release.CHART_DIR / "values.yaml").read_text()
+    values = (paths.CHART / "values.yaml").read_text()
     digest = "sha256:" + "a" * 64
     pinned = release.pinned_values(values, "registry.example:5000", digest)
     loaded = yaml.safe_load(pinned)

@@ -25,6 +25,7 @@ import yaml
 from devtools import manifests, monitoring
 from devtools.controlplane import ControlPlane, binaries
 from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.paths import CHART
 from hami_mt_webhook.admission import chart
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings
@@ -35,7 +36,6 @@ from hami_mt_webhook.service.peerview import CONDITION
 
 from .support import pod
 
-CHART = Path(__file__).resolve().parents[2] / "charts" / "hami-mt-webhook"
 NS = "hami-mt-webhook"
 RELEASE = "hami-mt-webhook"
 SECRET = "hami-mt-webhook-tls"

@@ -17,14 +17,14 @@ import pytest
 import yaml
 
 from devtools import wheel
+from devtools.paths import REPO_ROOT
 from devtools.wheel import Installed
 
 #: The clean builds do not depend on the Kubernetes version: they run with the newest only.
 NEWEST_ONLY = pytest.mark.skipif(os.environ.get("HAMI_MT_KUBE_VERSION") == "floor",
                                  reason="builds do not depend on the Kubernetes version: run on the newest")
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples"
 
 
 def run(installed: Installed, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -40,7 +40,8 @@ def test_the_wheel_is_the_package_alone(installed: Installed) -> None:
     assert {t for t in tops - runtime if not t.endswith(".dist-info")} == {"hami_mt_webhook"}
     assert "hami_mt_webhook/admission/data/webhooks.yaml" in names
     # Exactly the tree's modules: none missing, and none left over from an earlier build.
-    tree = {str(p.relative_to(ROOT)) for p in (ROOT / "hami_mt_webhook").rglob("*.py") if "__pycache__" not in p.parts}
+    tree = {str(p.relative_to(REPO_ROOT)) for p in (REPO_ROOT / "hami_mt_webhook").rglob("*.py")
+            if "__pycache__" not in p.parts}
     assert {n for n in names if n.endswith(".py")} == tree
     probe = subprocess.run([str(installed.python), "-c", "import devtools"], capture_output=True, text=True,
                            cwd="/")
@@ -63,7 +64,7 @@ def test_certs_writes_every_file_the_readme_applies(installed: Installed, tmp_pa
     out = run(installed, "certs", "--dir", "certs", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     made = tmp_path / "certs"
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     for name in ("tls.crt", "tls.key", "ca.crt", "webhook-configurations.yaml"):
         assert f"certs/{name}" in readme, name  # the install steps use it
         assert (made / name).stat().st_size > 0, name
@@ -112,7 +113,7 @@ def test_the_rules_are_compiled_and_the_unit_tiers_pass_on_them(installed: Insta
     site = Path(probe.stdout.strip()).parents[2]
     copy = tmp_path / "tree"
     for name in ("tests", "devtools", "examples", "docs", "manifests", "charts", "README.md", "pyproject.toml"):
-        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, copy / name)
+        (shutil.copytree if (REPO_ROOT / name).is_dir() else shutil.copy2)(REPO_ROOT / name, copy / name)
     shutil.copytree(site / "hami_mt_webhook", copy / "hami_mt_webhook", ignore=shutil.ignore_patterns("__pycache__"))
     for lib in site.glob("hami_mt_webhook__mypyc.*.so"):
         shutil.copy2(lib, copy / lib.name)

@@ -20,11 +20,11 @@ import pytest
 
 from devtools import monitoring
 from devtools.controlplane import binaries
+from devtools.paths import REPO_ROOT
 
 from .support import processes_mentioning
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = ROOT / "examples"
+EXAMPLES = REPO_ROOT / "examples"
 BANNER_END = "Ctrl-C stops everything."
 
 
@@ -38,7 +38,7 @@ class Run:
             [sys.executable, "-m", "devtools.local", "--dir", str(base),
              "--restart-delay", str(restart_delay), "--install", install, *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            start_new_session=True, cwd=ROOT)
+            start_new_session=True, cwd=REPO_ROOT)
         self.lines: queue.Queue[str | None] = queue.Queue()
         if read:
             threading.Thread(target=self._read, daemon=True).start()
@@ -149,7 +149,7 @@ def test_the_helm_chart_can_be_tried_locally_instead_of_the_manifests(tmp_path, 
 
 def tour() -> list[tuple[str, list[str]]]:
     """The README tour's console blocks: each `$ command` with the lines it shows."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     section = readme[readme.index("## Five-minute tour"):]
     section = section[:section.index("\n## ", 1)]
     steps: list[tuple[str, list[str]]] = []
@@ -213,7 +213,7 @@ def test_the_readme_tour_prints_what_it_shows(tmp_path, runs):
             continue
         deadline = time.monotonic() + (30 if command.startswith("kubectl get") else 0)
         while True:
-            done = subprocess.run(["bash", "-c", f"kubectl() {{ {alias} \"$@\"; }}\n{command}"], cwd=ROOT, env=env,
+            done = subprocess.run(["bash", "-c", f"kubectl() {{ {alias} \"$@\"; }}\n{command}"], cwd=REPO_ROOT, env=env,
                                   capture_output=True, text=True, timeout=120)
             out, err = ([POD_SUFFIX.sub(r"\1...", line.rstrip()) for line in stream.splitlines()]
                         for stream in (done.stdout, done.stderr))
@@ -281,7 +281,7 @@ def test_a_stopped_test_run_leaves_nothing(tmp_path, sig):
     """The suite's own control plane and webhook go with the run, whatever signal ends it."""
     env = {**os.environ, VICTIM: "1", "TMPDIR": str(tmp_path)}
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             f"{__file__}::test_victim"], cwd=ROOT, env=env, stdin=subprocess.DEVNULL,
+                             f"{__file__}::test_victim"], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180

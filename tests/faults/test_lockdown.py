@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import attacks, local
+from devtools import attacks, local, paths
 from devtools.faults import RATE, EndpointWatch, Faults
 from devtools.netpol import Enforcer
 from devtools.node import FABRIC_IP
@@ -65,7 +65,7 @@ def run(prefix: list[str], script: str, *args: str) -> str:
 
 def memory_limit() -> int:
     """The chart's memory limit for a replica, in bytes."""
-    text = yaml.safe_load((local.CHART / "values.yaml").read_text())["resources"]["limits"]["memory"]
+    text = yaml.safe_load((paths.CHART / "values.yaml").read_text())["resources"]["limits"]["memory"]
     number, unit = re.fullmatch(r"(\d+)(Mi|Gi)", text).groups()  # type: ignore[union-attr]
     return int(number) << (20 if unit == "Mi" else 30)
 
@@ -155,7 +155,7 @@ def enforced(cluster: Cluster, faults: Faults) -> Iterator[Enforcer]:
     try:
         yield enforcer
     finally:
-        local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NS, "--reuse-values",
+        local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NS, "--reuse-values",
                    "--set", "networkPolicy.enabled=false")
         enforcer.stop()
 
@@ -165,7 +165,7 @@ def test_the_policies_go_in_and_replicas_roll_and_crash_with_no_pod_refused(
     cp = cluster.controlplane
     with creating(cp, lt, "lockdown-install", RATE, 25) as installing:
         time.sleep(3)
-        local.helm(cp, "upgrade", local.RELEASE, str(local.CHART), "-n", NS, "--reuse-values",
+        local.helm(cp, "upgrade", local.RELEASE, str(paths.CHART), "-n", NS, "--reuse-values",
                    *(a for v in POLICY for a in ("--set", v)))
     policies = json.loads(cluster.kubectl("get", "networkpolicies", "-n", NS, "-o", "json").stdout)["items"]
     assert sorted(p["metadata"]["name"] for p in policies) == [

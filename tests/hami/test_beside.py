@@ -12,19 +12,19 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import yaml
 
 from devtools import hami
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.doctor.components import HAMI_WEBHOOK_OFF, hami_memory_per_card
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
 from hami_mt_webhook.rules.selectors import webhook_called
 from tests.e2e.support import MEMORY, VGPU, pod
 from tests.e2e.test_chart import RELEASE, Doc, find, helm, template
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = REPO_ROOT / "README.md"
 HAMI_NS = "kube-system"
 #: A namespace no chart names: what a tenant's slice pods live in.
 TEAM = {"kubernetes.io/metadata.name": "team"}

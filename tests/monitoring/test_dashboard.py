@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from devtools import manifests, monitoring
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.service.metrics import Metrics
 
-OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"
+OPERATING = REPO_ROOT / "docs" / "operating.md"
 #: Sample names each metric type exports: what a query may name.
 SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
 

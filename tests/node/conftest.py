@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from devtools import image, local, previous
+from devtools import image, local, paths, previous
 from devtools.binaries import ControlPlaneError, pinned_versions
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, creating
@@ -115,7 +115,7 @@ def chart(node: Cluster, lt: LoopThread) -> Iterator[Cluster]:
     started = time.monotonic()
     with creating(node.controlplane, lt, "load-upgrade", RATE, UPGRADE_SECONDS) as creator:
         time.sleep(3)
-        local.helm(node.controlplane, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE, *USER_VALUES)
+        local.helm(node.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, *USER_VALUES)
         rolled_out(node)
         took = time.monotonic() - started - 3
         wait_for("failover: every replica gated and hearing the others", lambda: failover_working(node), 60)

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from devtools.binaries import REPO_ROOT
 from devtools.node import hierarchies, own_memory_cgroup
 from devtools.nodes import Cluster
+from devtools.paths import REPO_ROOT
 
 
 def snapshot() -> dict[str, set[str]]:

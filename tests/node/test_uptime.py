@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import local, manifests
+from devtools import local, manifests, paths
 from devtools.nodes import Cluster
 from devtools.traffic import LoopThread, PodCreator, creating
 from hami_mt_webhook import __version__
@@ -152,14 +152,14 @@ def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Cluster, l
     mixed = pod("mixed", {VGPU: 1, WHOLE: 1})
     with load(chart, lt, "helm upgrade --set enforcement=warn and back", 60):
         time.sleep(3)
-        helm(chart, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE, "--reuse-values",
+        helm(chart, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, "--reuse-values",
              "--set", "enforcement=warn")
         rolled_out(chart)
         ns = "upgrade-check"
         chart.kubectl("create", "namespace", ns)
         warned = chart.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(mixed))
         assert "would deny" in warned.stderr, warned.stderr  # warn is in force: created, with the warning
-        helm(chart, "upgrade", local.RELEASE, str(local.CHART), "-n", NAMESPACE, "--reuse-values",
+        helm(chart, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, "--reuse-values",
              "--set", "enforcement=deny")
         rolled_out(chart)
         mixed["metadata"]["name"] = "mixed-again"
@@ -283,7 +283,7 @@ def test_from_the_kustomize_base_to_the_chart_loses_no_pod(chart: Cluster, lt: L
             chart.kubectl("annotate", kind, name, *where, f"meta.helm.sh/release-name={local.RELEASE}",
                           f"meta.helm.sh/release-namespace={NAMESPACE}", "--overwrite")
         # Helm 4 applies server-side: the fields `kubectl apply` set are another manager's until forced over.
-        helm(chart, "upgrade", "--install", local.RELEASE, str(local.CHART), "-n", NAMESPACE, *USER_VALUES,
+        helm(chart, "upgrade", "--install", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, *USER_VALUES,
              "--force-conflicts")
         rolled_out(chart)
         took = wait_for("failover: every replica gated and hearing the others", lambda: failover_working(chart), 60)

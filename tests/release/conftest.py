@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from devtools import local, release
+from devtools import local, paths, release
 from devtools.binaries import ControlPlaneError
 from devtools.nodes import Cluster
 from devtools.registry import Registry, RegistryError
@@ -95,7 +95,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
         dist = work / "dist"
         made_at = time.monotonic()
         done = subprocess.run(
-            ["make", "--no-print-directory", "-C", str(release.REPO_ROOT), "release", f"REGISTRY={registry.local}",
+            ["make", "--no-print-directory", "-C", str(paths.REPO_ROOT), "release", f"REGISTRY={registry.local}",
              f"COSIGN_KEY={key}", "PLAIN_HTTP=1", "IMAGE_BASES=standin", f"DIST={dist}"],
             capture_output=True, text=True, env={**os.environ, "COSIGN_PASSWORD": ""}, timeout=1800)
         if done.returncode != 0:

@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 
 from devtools import image, local, oci, release, wheel
+from devtools.paths import REPO_ROOT
 from tests.release.conftest import MEASURED, Published
 
 SLICE_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slice"},
              "spec": {"containers": [{"name": "main", "image": "example.invalid/train:1", "resources": {
                  "limits": {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32",
                             "mthreads.com/sgpu-core": "8"}}}]}}
-ROOT = release.REPO_ROOT
 
 
 def pods(p: Published) -> list[dict[str, Any]]:
@@ -120,7 +120,7 @@ def attested_sbom(published: Published, arch: str) -> dict[str, Any]:
 def locked_versions() -> dict[str, str]:
     """Name → version of every runtime dependency pinned in pyproject.toml."""
     import tomllib
-    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    deps = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     return {d.split("==")[0].lower(): d.split("==")[1] for d in deps}
 
 
@@ -215,12 +215,12 @@ def test_wheel_installs_with_the_doctor_extra(published: Published, tmp_path: Pa
 def test_arm64_image_reviews_examples_as_amd64_does(published: Published) -> None:
     """The arm64 image, run under qemu, gives the amd64 image's answers on the examples, its rules compiled."""
     made = published.made
-    examples = sorted(p for p in (ROOT / "examples").glob("*.yaml") if p.name != "nodes.yaml")
+    examples = sorted(p for p in (REPO_ROOT / "examples").glob("*.yaml") if p.name != "nodes.yaml")
     assert examples
     outputs = {}
     for arch in release.ARCHITECTURES:
         archive = published.dist / f"{release.NAME}-{made['version']}-linux-{arch}.oci.tar"
-        outputs[arch] = oci.review_in_archive(archive, arch, examples, ROOT / "examples" / "nodes.yaml")
+        outputs[arch] = oci.review_in_archive(archive, arch, examples, REPO_ROOT / "examples" / "nodes.yaml")
     assert outputs["amd64"].exit_code == outputs["arm64"].exit_code == 1  # the examples include denials
     answers = {arch: [json.loads(line) for line in out.review.splitlines()] for arch, out in outputs.items()}
     assert answers["arm64"] == answers["amd64"]

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.paths import REPO_ROOT
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.admission.pod_webhooks import mutate_then_validate_pod
 from hami_mt_webhook.admission.workloads import check
@@ -390,7 +391,7 @@ def test_offline_admission_review_of_a_workload_is_the_server_response(tmp_path,
 
 
 def _nodes() -> Path:
-    return Path(__file__).resolve().parents[2] / "examples" / "nodes.yaml"
+    return REPO_ROOT / "examples" / "nodes.yaml"
 
 
 def test_admit_review_without_request_kind_uses_the_objects_kind():
