@@ -206,7 +206,7 @@ SOURCE ?=
 release-image-tools:  ## skopeo (Debian package; installed when root with apt-get)
 	$(call apt_packages,skopeo:/usr/bin/skopeo,Debian package; make release needs it)
 
-release: setup controlplane image-tools release-image-tools release-tools  ## make release REGISTRY=host[:port][/path] COSIGN_KEY=cosign.key [VERSION=x.y.z] [PLAIN_HTTP=1]
+release: setup image-tools release-image-tools release-tools  ## make release REGISTRY=host[:port][/path] COSIGN_KEY=cosign.key [VERSION=x.y.z] [PLAIN_HTTP=1]
 	$(PY) -m devtools.release --registry '$(REGISTRY)' --key '$(COSIGN_KEY)' --dist '$(DIST)' --bases $(IMAGE_BASES) \
 	  $(if $(VERSION),--version '$(VERSION)') $(if $(filter 1,$(PLAIN_HTTP)),--plain-http) $(if $(SOURCE),--source '$(SOURCE)')
 

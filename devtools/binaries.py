@@ -48,9 +48,24 @@ def binaries(version: str | None = None) -> Path:
     env_dir = os.environ.get(BIN_ENV)
     if env_dir:
         return _check_binaries(Path(env_dir), f"${BIN_ENV}")
+    return _check_binaries(_built(version, BINARIES), str(BUILD_SCRIPT))
+
+
+def helm() -> Path:
+    """helm alone, for a step that needs no cluster (`make release`): the control plane's own helm, built
+    without compiling etcd and Kubernetes when they are not in the cache yet."""
+    env_dir = os.environ.get(BIN_ENV)
+    if env_dir:
+        return _check_binaries(Path(env_dir), f"${BIN_ENV}", ("helm",)) / "helm"
+    return _check_binaries(_built(None, ("helm",)), str(BUILD_SCRIPT), ("helm",)) / "helm"
+
+
+def _built(version: str | None, only: tuple[str, ...]) -> Path:
+    """The build script's directory for `version`, once it holds `only`."""
     wanted = version or os.environ.get(VERSION_ENV) or "newest"
+    env = {**os.environ, "KUBE_VERSION": wanted, "ONLY": "" if only == BINARIES else " ".join(only)}
     proc = subprocess.Popen(["bash", str(BUILD_SCRIPT)], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "KUBE_VERSION": wanted})
+                            stderr=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None and proc.stderr is not None
     tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
     for line in proc.stderr:  # stdout carries one line only, so reading it afterwards cannot block
@@ -61,11 +76,11 @@ def binaries(version: str | None = None) -> Path:
     out = proc.stdout.read().strip()
     if proc.wait() != 0 or not out:
         raise ControlPlaneError(f"{BUILD_SCRIPT} failed with exit status {proc.returncode}:\n{''.join(tail)}")
-    return _check_binaries(Path(out.splitlines()[-1]), str(BUILD_SCRIPT))
+    return Path(out.splitlines()[-1])
 
 
-def _check_binaries(path: Path, source: str) -> Path:
-    missing = [b for b in BINARIES if not os.access(path / b, os.X_OK)]
+def _check_binaries(path: Path, source: str, names: tuple[str, ...] = BINARIES) -> Path:
+    missing = [b for b in names if not os.access(path / b, os.X_OK)]
     if missing:
         raise ControlPlaneError(f"{source} names {path}, which lacks executable {', '.join(missing)}")
     return path

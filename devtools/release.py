@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from devtools import changelog, image, oci, wheel
-from devtools.binaries import binaries
+from devtools.binaries import helm
 from devtools.paths import CHANGELOG, CHART, REPO_ROOT
 from hami_mt_webhook import __version__
 
@@ -349,7 +349,7 @@ def release(registry: str, key: str | None, version: str = __version__, dist: Pa
     check_version(version)
     key_path = check_key(key)
     rel = Release(version=version, registry=registry, revision=revision(), image=f"{registry}/{NAME}")
-    tools = Tools(release_tools(), binaries() / "helm", plain_http, say)
+    tools = Tools(release_tools(), helm(), plain_http, say)
     if dist.exists():
         shutil.rmtree(dist)
     dist.mkdir(parents=True)

@@ -7,6 +7,8 @@
 #   KUBE_VERSION=floor scripts/build-controlplane.sh   the oldest pinned one (the chart's floor)
 #   KUBE_VERSION=1.33 scripts/build-controlplane.sh    any other minor (its newest patch) or exact version
 #   scripts/build-controlplane.sh --pin 1.30.14    (re)write controlplane/kubernetes/v1.30/ for a version
+#   ONLY=helm scripts/build-controlplane.sh        only the binaries named (a step that needs no cluster:
+#                                                  `make release` needs helm alone), into the same directory
 #
 # A version without a pin gets its module written into the cache (go.mod generated as --pin writes it).
 #
@@ -167,8 +169,13 @@ targets=(
   "kubelet|$mod_dir|k8s.io/kubernetes/cmd/kubelet|$k8s_ldflags"
   "helm|$cp_dir/helm|helm.sh/helm/v4/cmd/helm|$helm_ldflags"
 )
+only=${ONLY:-}
+for name in $only; do
+  [[ " ${targets[*]%%|*} " == *" $name "* ]] || die "ONLY=$only: no binary $name (known: ${targets[*]%%|*})"
+done
 missing=()
 for t in "${targets[@]}"; do
+  [[ -z $only || " $only " == *" ${t%%|*} "* ]] || continue
   [[ -x "$out/${t%%|*}" ]] || missing+=("$t")
 done
 if (( ${#missing[@]} == 0 )); then
