@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: help setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
+.PHONY: help setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit check test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
 	image-tools node-tools controlplane controlplane-floor certs clean \
 	kube-network-policies netpol-tools netpol-proof
 
@@ -81,6 +81,8 @@ prometheus:  ## prometheus and promtool (Debian package; installed when root wit
 
 test-unit: setup prometheus  ## the unit tests (pytest -m "not e2e"): no control plane
 	$(PY) -m pytest -q -m "not e2e"
+
+check: lint test-unit  ## the loop before each commit: lint and the unit tier, no control plane and no root (once promtool is installed)
 
 test-e2e: setup controlplane prometheus  ## the e2e tier against a real kube-apiserver and etcd (KUBE_VERSION as above)
 	$(PY) -m pytest -q -m e2e
