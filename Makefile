@@ -49,9 +49,9 @@ RUN_NODE := $(if $(filter-out 0,$(NODES)),1)
 run: setup controlplane $(RUN_PROMETHEUS) $(if $(RUN_NODE),node-tools)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart; NODE=1: the chart on a real node; NODES=3: on 3)
 ifeq ($(RUN_NODE),1)
 	$(MAKE) --no-print-directory image IMAGE_BASES=$(RUN_IMAGE_BASES)
-	$(PY) -m devtools.local --nodes $(NODES)
+	$(PY) -m devtools.clusters.local --nodes $(NODES)
 else
-	$(PY) -m devtools.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
+	$(PY) -m devtools.clusters.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
 endif
 
 # cosign, syft and actionlint, built from their Go modules into a cache outside the tree (once per version and
@@ -126,10 +126,10 @@ test-node: setup controlplane node-tools  ## the chart's pods on a real kubelet 
 	$(MAKE) --no-print-directory image previous IMAGE_BASES=standin
 	$(PY) -m pytest -q -m node
 
-# The previous release (devtools/previous.py): its chart and image built from its git revision, kept in
+# The previous release (devtools/release/previous.py): its chart and image built from its git revision, kept in
 # ~/.cache/hami-mt-webhook/previous/; the node tier upgrades from it.
 previous: setup image-tools  ## the previous release's chart and image, built from its revision (prints both)
-	$(PY) -m devtools.previous --bases $(IMAGE_BASES)
+	$(PY) -m devtools.release.previous --bases $(IMAGE_BASES)
 
 # The fault tier: three real nodes, a replica or its node broken under slice-pod traffic (root; tests/faults).
 # Like the node tier it runs only when its marker is named: here, and in `make test` on the newest Kubernetes;
@@ -146,7 +146,7 @@ FAULTS_ARGS ?=
 
 faults: setup controlplane node-tools  ## figures, not a test: every fault with failover off, then on, and each gray one again for 180 s, in one run (FAULTS_ARGS="--version floor")
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
-	$(PY) -m devtools.faults $(FAULTS_ARGS)
+	$(PY) -m devtools.scenarios.faults $(FAULTS_ARGS)
 
 # The hami tier: what the webhook admits, placed per card by HAMi's own scheduler extender, built with Go (and
 # cgo: gcc) from a HAMi source tree fetched beside this one, with that tree's go.mod (tests/hami). Not part of
@@ -173,7 +173,7 @@ lock:  ## regenerate requirements/image.lock after a change of pyproject.toml's 
 	    --generate-hashes --strip-extras --allow-unsafe --no-emit-index-url --output-file $(LOCK) pyproject.toml
 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
-	$(PYTHON) -m devtools.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
+	$(PYTHON) -m devtools.builds.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
 # What only the later tiers need (the oldest Kubernetes, cert-manager, the release's tools) is built while the
 # unit and e2e tiers run, at the lowest CPU priority: on a warm machine a no-op, on a cold one the builds use
@@ -193,7 +193,7 @@ test: lint controlplane prometheus node-tools netpol-tools kube-network-policies
 	$(PY) -m pytest -q -m certmanager
 	$(PY) -m pytest -q -m release
 
-# The release (devtools/release.py, README "Releases"): the image for linux/amd64 and linux/arm64 under one
+# The release (devtools/release/__init__.py, README "Releases"): the image for linux/amd64 and linux/arm64 under one
 # index, the chart as an OCI artifact pinned to it by digest, cosign signatures and SBOM attestations made
 # with COSIGN_KEY (password in $$COSIGN_PASSWORD), and dist/, the offline bundle. Nothing else is contacted:
 # no transparency log, no public registry. PLAIN_HTTP=1 for a registry without TLS.
@@ -236,26 +236,26 @@ test-certmanager: setup controlplane node-tools cert-manager  ## cert-manager's 
 
 # kube-network-policies v0.8.0 (the NetworkPolicy implementation kind uses) built from its Go module into a
 # versioned cache (scripts/build-kube-network-policies.sh), run on every node of the node tier by
-# devtools/netpol.py; nftables (Debian's nft) is how it checks that each node's table is loaded.
+# devtools/clusters/netpol.py; nftables (Debian's nft) is how it checks that each node's table is loaded.
 kube-network-policies:  ## build kube-network-policies (cached outside the tree; prints where)
 	@scripts/build-kube-network-policies.sh >&2
 
 netpol-tools:  ## nftables' nft (Debian package; installed when root with apt-get)
-	$(call apt_packages,nftables:/usr/sbin/nft,Debian package; devtools/netpol.py needs it and root)
+	$(call apt_packages,nftables:/usr/sbin/nft,Debian package; devtools/clusters/netpol.py needs it and root)
 
 netpol-proof: setup controlplane node-tools netpol-tools kube-network-policies  ## figures, not a test: NetworkPolicies enforced on two real nodes (root)
-	$(PY) -m devtools.netpol proof
+	$(PY) -m devtools.clusters.netpol proof
 
 RENEWALS_ARGS ?=
 
 renewals: setup controlplane node-tools cert-manager  ## figures, not a test: renewals under traffic (RENEWALS_ARGS="--setup selfsigned")
 	$(MAKE) --no-print-directory image IMAGE_BASES=standin
-	$(PY) -m devtools.renewals $(RENEWALS_ARGS)
+	$(PY) -m devtools.scenarios.renewals $(RENEWALS_ARGS)
 
 COMPAT_ARGS ?=
 
 compat: setup  ## the e2e tier on every Kubernetes minor from the floor to the newest (not CI; COMPAT_ARGS="--write")
-	$(PY) -m devtools.compat $(COMPAT_ARGS)
+	$(PY) -m devtools.scenarios.compat $(COMPAT_ARGS)
 
 BENCH_ARGS ?=
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds cert-manager's commands from Go modules into a cache keyed by version, Go version and these sources,
 # outside the work tree. Prints the cache directory on stdout; progress goes to stderr. Builds only what is
-# missing. (Its CRDs and its install come from its own Helm chart, in the same module: devtools/certmanager.py.)
+# missing. (Its CRDs and its install come from its own Helm chart, in the same module: devtools/clusters/certmanager.py.)
 #
 #   scripts/build-cert-manager.sh
 #

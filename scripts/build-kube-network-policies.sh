@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-network-policies (the NetworkPolicy implementation of the node tier: devtools/netpol.py) from
+# Builds kube-network-policies (the NetworkPolicy implementation of the node tier: devtools/clusters/netpol.py) from
 # its Go module into a cache keyed by version, Go version and these sources, outside the work tree. Prints
 # the cache directory on stdout; progress goes to stderr. Builds only what is missing.
 #

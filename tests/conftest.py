@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from devtools import manifests
+from devtools.clusters import manifests
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import certs, server
@@ -42,8 +42,8 @@ def make_pod() -> Callable[..., dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def docs() -> list[dict[str, Any]]:
-    """The kustomize base's documents (devtools.manifests.load), in its order: for the tests of manifests/,
-    devtools.manifests and admission.configurations."""
+    """The kustomize base's documents (devtools.clusters.manifests.load), in its order: for the tests of manifests/,
+    devtools.clusters.manifests and admission.configurations."""
     return manifests.load()
 
 

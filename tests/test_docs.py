@@ -323,7 +323,7 @@ def test_going_back_deletes_every_admission_object_before_the_deployment(tmp_pat
 
 @pytest.mark.e2e
 def test_the_chart_creates_as_many_webhook_configurations_as_the_base(base_configurations: int) -> None:
-    from devtools.binaries import binaries
+    from devtools.builds.binaries import binaries
 
     out = subprocess.run([str(binaries() / "helm"), "template", "hami-mt-webhook", str(CHART), "-n",
                           "hami-mt-webhook"], check=True, capture_output=True, text=True).stdout

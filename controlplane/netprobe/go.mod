@@ -1,4 +1,4 @@
-// The probe pods of the node tier's NetworkPolicy checks (devtools/netpol.py builds it FROM scratch).
+// The probe pods of the node tier's NetworkPolicy checks (devtools/clusters/netpol.py builds it FROM scratch).
 module hami-mt-webhook/netprobe
 
 go 1.22

@@ -1,4 +1,4 @@
-// Command netprobe is the pod that devtools/netpol.py puts on both ends of a NetworkPolicy check: it
+// Command netprobe is the pod that devtools/clusters/netpol.py puts on both ends of a NetworkPolicy check: it
 // answers "ok" on TCP port 8080, and with arguments it also connects to each HOST:PORT given, once a
 // second, and prints one line per attempt ("<unix seconds> <target> ok" or "... fail <error>"), which the
 // check reads from the pod's log. Static and FROM scratch, as the pause image, because no registry is reached.

@@ -14,18 +14,18 @@ from typing import Any
 import aiohttp
 import orjson
 
-from devtools import fleet
 from devtools.bench.report import Histogram, Section, fmt, histograms, percentile, table
 from devtools.bench.workload import EXPECT, KINDS, cluster
 from devtools.cluster import pod
+from devtools.load import fleet
 
 #: kube-apiserver's histogram of the time each webhook call takes.
 API_METRIC = "apiserver_admission_webhook_admission_duration_seconds"
 
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
-    from devtools.controlplane import ControlPlane
-    from devtools.local import LocalWebhook
+    from devtools.clusters.controlplane import ControlPlane
+    from devtools.clusters.local import LocalWebhook
 
     sec = Section("4. Through a real kube-apiserver")
     nodes = cluster(opts.s5000, opts.s4000)

@@ -33,11 +33,12 @@ from typing import Any
 import orjson
 import yaml
 
-from devtools import fleet, policyreports
 from devtools.bench import scale_rig
 from devtools.bench.report import Section, fmt, percentile, samples, table
 from devtools.cluster import MEMORY, S4000, S5000, VGPU
-from devtools.local import NAMESPACE
+from devtools.clusters import policyreports
+from devtools.clusters.local import NAMESPACE
+from devtools.load import fleet
 from devtools.paths import CHART
 from hami_mt_webhook.admission.enforcement import enforced_pod
 from hami_mt_webhook.rules.capacity import ClusterView
@@ -201,9 +202,9 @@ async def passes(hook: Any, count: int, timeout: float = 900.0) -> list[dict[str
 
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
-    from devtools.binaries import binaries
-    from devtools.controlplane import ControlPlane
-    from devtools.local import LocalWebhook
+    from devtools.builds.binaries import binaries
+    from devtools.clusters.controlplane import ControlPlane
+    from devtools.clusters.local import LocalWebhook
 
     nodes, pods = opts.audit_nodes, opts.audit_pods
     sec = Section("Audit: a full pass at 10,000 nodes and 50,000 pods")
@@ -278,10 +279,10 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     for (verb, resource), n in requests.items():
         by_resource.setdefault(resource, {})[verb] = n
     sec.lines += [
-        f"{nodes:,} Nodes shaped like kubelet's (`devtools/fleet.py`) and {pods:,} slice pods of about 3 KB (one in "
-        f"{UNSEEN_EVERY} never seen by admission) in {NAMESPACES} namespaces, made in {res['nodes_s']:.0f} s and "
-        f"{res['pods_s']:.0f} s; Kyverno {policyreports.KYVERNO}'s PolicyReport CRDs installed. `serve` started from "
-        f"exec three times in this run, without the audit, with it every {INTERVAL} s (passes back to back) and "
+        f"{nodes:,} Nodes shaped like kubelet's (`devtools/load/fleet.py`) and {pods:,} slice pods of about 3 KB "
+        f"(one in {UNSEEN_EVERY} never seen by admission) in {NAMESPACES} namespaces, made in {res['nodes_s']:.0f} s "
+        f"and {res['pods_s']:.0f} s; Kyverno {policyreports.KYVERNO}'s PolicyReport CRDs installed. `serve` started "
+        f"from exec three times in this run, without the audit, with it every {INTERVAL} s (passes back to back) and "
         f"every {chart_interval()} s (the chart's default), "
         + ("pinned to one CPU and etcd, kube-apiserver and the clients to the other (`taskset -a`), as a replica "
            "runs beside a control plane on other nodes." if cpus else "not pinned (fewer than 2 CPUs, or no "

@@ -129,8 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return internal(argv)
     opts = parse_args(argv)
     if not opts.pure:  # `serve` as users run it: the wheel's command, its rules compiled (setup.py)
-        from devtools import wheel
-        from devtools.local import LocalWebhook
+        from devtools.builds import wheel
+        from devtools.clusters.local import LocalWebhook
 
         LocalWebhook.command_prefix = (str(wheel.install_cached().exe),)
     started, load_start = dt.datetime.now(dt.UTC), report.loadavg()

@@ -144,7 +144,7 @@ def scoped(docs: list[dict[str, Any]], config: str) -> list[dict[str, Any]]:
 def install_scoped(cp: Any, hook: Any, configs: Sequence[str]) -> None:
     """Replace the shipped configurations the webhook's install applied with copies scoped to each of
     `configs` (`scoped`), so one control plane and one webhook process serve them side by side."""
-    from devtools import manifests
+    from devtools.clusters import manifests
 
     overlay = manifests.local_overlay(cp.workdir / "scoped-overlay", hook.url, hook.certs.bundle.read_bytes())
     rendered = [d for d in yaml.safe_load_all(cp.kubectl("kustomize", str(overlay)).stdout) if d]
@@ -265,8 +265,8 @@ def _api_ssl(cp: Any) -> ssl.SSLContext:
 
 
 def part_hops(opts: argparse.Namespace, workdir: Path) -> Section:
-    from devtools.controlplane import ControlPlane
-    from devtools.local import LocalWebhook, apply_nodes, example_nodes
+    from devtools.clusters.controlplane import ControlPlane
+    from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
 
     rounds, pods, rate = opts.hops_rounds, max(1, opts.pods // opts.hops_rounds), opts.rate
     print(f"[hops] starting etcd and kube-apiserver; {rounds} rounds of {pods} pods per configuration "

@@ -15,11 +15,12 @@ from typing import Any
 
 import orjson
 
-from devtools import attacks, procs
+from devtools import procs
 from devtools.bench.report import Section, fmt, percentile, table
 from devtools.bench.servers import Pinning, Server, drop_worktree, webhook_tree, worktree
 from devtools.bench.workload import PATH
 from devtools.cluster import MEMORY, pod, review_body
+from devtools.load import attacks
 from hami_mt_webhook.service import certs
 
 #: The attacks of the hostile part: name, what the floods do, the floods (kind, connections), and the port
@@ -273,7 +274,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     after = 20.0 if opts.quick else AFTER_SECONDS
     sec.lines += [
         "Each attack runs against a fresh webhook server (pinned like part 1) from a separate process "
-        "(`python -m devtools.attacks`), which reopens every connection the server closes; it is held against "
+        "(`python -m devtools.load.attacks`), which reopens every connection the server closes; it is held against "
         "the webhook port or the plain-HTTP probe port (/readyz, /livez, /metrics). Once the "
         f"flood is up, {opts.hostile_reviews} fresh reviews are sent 0.5 s apart, each on a new connection "
         "as kube-apiserver does after its pooled connections were cut, and `/readyz` is probed every 0.25 s "

@@ -1,7 +1,7 @@
 """Part `peers`: HAMi's own webhook beside this one, in the same harness, on the same bodies.
 
 HAMi's webhook is built from a HAMi source tree the developer fetched (`$HAMI_MT_HAMI_SOURCE`, see
-`devtools.hami`): this project's small Go main around HAMi's `routes.WebHookRoute()`, served over TLS the way
+`devtools.clusters.hami`): this project's small Go main around HAMi's `routes.WebHookRoute()`, served over TLS the way
 HAMi's scheduler binary serves it, with `GOMAXPROCS=1` (one core, as one Python event loop uses one).
 Without the tree the part says what it needs and is skipped; nothing of HAMi lives in this repository.
 
@@ -28,7 +28,7 @@ from typing import Any
 import orjson
 import yaml
 
-from devtools import hami, procs
+from devtools import procs
 from devtools.bench import hops
 from devtools.bench.apiserver import admin_session, create_nodes
 from devtools.bench.http import Harness, Load, answered, post_once
@@ -36,6 +36,7 @@ from devtools.bench.report import Histogram, Section, fmt, histograms, loadavg, 
 from devtools.bench.servers import Process, Server, webhook_tree
 from devtools.bench.workload import KINDS, cluster
 from devtools.cluster import pod
+from devtools.clusters import hami
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.service import certs
 
@@ -121,7 +122,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     sec = Section(TITLE)
     sec.lines += [
         f"{src.label}, its webhook built from that tree with the tree's own go.mod: this project's Go main "
-        "(`devtools/hami_webhook/main.go`) serving HAMi's `routes.WebHookRoute()` on POST /webhook over TLS "
+        "(`devtools/clusters/hami_webhook/main.go`) serving HAMi's `routes.WebHookRoute()` on POST /webhook over TLS "
         "the way HAMi's scheduler binary does, with the arguments HAMi's chart gives it "
         f"(`{' '.join(HAMI_ARGS)}`, logging to a file) and `GOMAXPROCS=1`. Its device configuration is "
         "HAMi's file with the Moore Threads section alone (`mthreads.com/vgpu`, `sgpu-memory`, `sgpu-core`).",
@@ -240,9 +241,9 @@ class Driven:
 
 
 def _through_apiserver(opts: argparse.Namespace, here: Path, binary: Path, sec: Section) -> None:
-    from devtools import manifests
-    from devtools.controlplane import ControlPlane
-    from devtools.local import LocalWebhook
+    from devtools.clusters import manifests
+    from devtools.clusters.controlplane import ControlPlane
+    from devtools.clusters.local import LocalWebhook
 
     nodes = cluster(opts.s5000, opts.s4000)
     rounds, pods = opts.hops_rounds, max(1, opts.pods // opts.hops_rounds)

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from devtools import fleet
 from devtools.bench import scale_rig
 from devtools.bench.report import Histogram, Section, fmt, percentile, table
+from devtools.load import fleet
 
 
 def _ms(values: list[float], q: float) -> float:
@@ -47,8 +47,8 @@ def _tenth(samples: list[float], which: int) -> float:
 
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
-    from devtools.controlplane import ControlPlane
-    from devtools.local import LocalWebhook
+    from devtools.clusters.controlplane import ControlPlane
+    from devtools.clusters.local import LocalWebhook
 
     sizes = sorted(opts.scale_sizes)
     sec = Section("Scale: the whole process on a cluster of real-sized nodes")
@@ -119,7 +119,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     rows = [(f"{n:,}", f"{b / 1024:.1f} KB", fmt(t, 1), f"{p:.0f}", f"{r:.0f}")
             for n, b, t, p, r in res["startup"]]
     sec.lines += [
-        "Nodes shaped like kubelet's (`devtools/fleet.py`: 13 labels, 5 conditions, 40 images, nodeInfo, "
+        "Nodes shaped like kubelet's (`devtools/load/fleet.py`: 13 labels, 5 conditions, 40 images, nodeInfo, "
         "a taint, managed fields; two thirds S5000, one third S4000), created through the API server; "
         "`hami-mt-webhook serve` started as its own process, logged in as the shipped ServiceAccount.",
         "",

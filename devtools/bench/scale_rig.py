@@ -16,10 +16,11 @@ from typing import Any
 import aiohttp
 import orjson
 
-from devtools import fleet, procs
+from devtools import procs
 from devtools.bench.apiserver import webhook_latency
 from devtools.bench.report import Histogram, histograms
 from devtools.cluster import MEMORY, S5000, VGPU
+from devtools.load import fleet
 
 
 def usage(pid: int) -> dict[str, float]:

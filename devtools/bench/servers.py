@@ -67,7 +67,7 @@ def installed_tree(workdir: Path) -> Path:
     """The webhook as users install it, to serve from: the wheel's package (its rules compiled, setup.py)
     beside this checkout's `devtools`. The checkout itself is installed pure for development
     (`make setup`)."""
-    from devtools import wheel
+    from devtools.builds import wheel
 
     done = wheel.install_cached()
     probe = subprocess.run([str(done.python), "-c",

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from devtools import manifests
+from devtools.clusters import manifests
 from hami_mt_webhook.admission import configurations
 from tests.manifests.support import CA_PEM, CONFIGS, HOOKS, NAME
 

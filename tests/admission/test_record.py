@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devtools import manifests
+from devtools.clusters import manifests
 from hami_mt_webhook.rules import pods as rules
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS, Config
 from hami_mt_webhook.rules.record import RECORD, record

@@ -1,8 +1,8 @@
 """The cert-manager tier: cert-manager installed from its own Helm chart on one real node (kubelet,
 containerd), its controller, webhook and cainjector built here from the Go module proxy as images FROM
-scratch (`devtools.certmanager`), then this webhook's chart with its own CA, moved to
+scratch (`devtools.clusters.certmanager`), then this webhook's chart with its own CA, moved to
 `certManager.enabled=true` on the live release, its certificate renewed and its root rotated, all under
-slice-pod traffic (`devtools.renewals`). Root and minutes, so it runs only when asked: `pytest -m certmanager`
+slice-pod traffic (`devtools.scenarios.renewals`). Root and minutes, so it runs only when asked: `pytest -m certmanager`
 (`make test-certmanager`, and in `make test`). What it measured is printed at the end of the run."""
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from devtools import certmanager, image, local, renewals
-from devtools.binaries import ControlPlaneError
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread
+from devtools.builds import image
+from devtools.builds.binaries import ControlPlaneError
+from devtools.clusters import certmanager, local
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread
+from devtools.scenarios import renewals
 from tests.tiers import only_when_selected, report_measured
 
 DIR = Path(__file__).resolve().parent

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import yaml
 from cryptography import x509
 
-from devtools.nodes import Cluster
+from devtools.clusters.nodes import Cluster
 
 from .conftest import MEASURED
 

@@ -4,8 +4,8 @@ signing what every replica serves, is test_renewals' first test)."""
 
 from __future__ import annotations
 
-from devtools import renewals
-from devtools.nodes import Cluster
+from devtools.clusters.nodes import Cluster
+from devtools.scenarios import renewals
 
 
 def test_the_move_refuses_no_pod(moved: renewals.Counted) -> None:

@@ -10,9 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from devtools import local, paths, renewals
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread
+from devtools import paths
+from devtools.clusters import local
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread
+from devtools.scenarios import renewals
 from hami_mt_webhook.doctor.serving import signs
 
 from .conftest import MEASURED

@@ -1,10 +1,11 @@
-"""devtools.changelog: one version's release notes out of CHANGELOG.md."""
+"""devtools.release.changelog: one version's release notes out of CHANGELOG.md."""
 
 from __future__ import annotations
 
 import pytest
 
-from devtools import changelog, paths
+from devtools import paths
+from devtools.release import changelog
 
 TEXT = """# Changelog
 

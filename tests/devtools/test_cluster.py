@@ -6,8 +6,9 @@ from pathlib import Path
 
 import yaml
 
-from devtools import cluster, fleet
+from devtools import cluster
 from devtools.bench import workload
+from devtools.load import fleet
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import CARD_SIZES
 from tests.builders import S4000, S5000

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import compat
-from devtools.binaries import REPO_ROOT, pinned_versions
+from devtools.builds.binaries import REPO_ROOT, pinned_versions
+from devtools.scenarios import compat
 from hami_mt_webhook.doctor.model import NEWEST_TESTED, OLDEST_TESTED
 
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from devtools import delayer
-from devtools.faults import FAULTS, GRAY, GRAY_AFTER, EndpointWatch, gray
-from devtools.nodes import DELAY_PORT_OFFSET, delay_rules, loss_rules
+from devtools.clusters.nodes import DELAY_PORT_OFFSET, delay_rules, loss_rules
+from devtools.load import delayer
+from devtools.scenarios.faults import FAULTS, GRAY, GRAY_AFTER, EndpointWatch, gray
 
 REPO = Path(__file__).resolve().parents[2]
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("nft") or not shutil.which("ip"),
@@ -122,7 +122,7 @@ def test_the_redirect_sends_only_what_comes_in_on_eth0_to_the_relay(link: tuple[
                                "print('ready', flush=True)\n"
                                "while True:\n    c, _ = s.accept()\n    c.sendall(c.recv(64))\n    c.close()\n"],
                               stdout=subprocess.PIPE, text=True)
-    relay = subprocess.Popen([*inside, sys.executable, "-m", "devtools.delayer", "--delay", "0.4",
+    relay = subprocess.Popen([*inside, sys.executable, "-m", "devtools.load.delayer", "--delay", "0.4",
                               f"{8080 + DELAY_PORT_OFFSET}:8080"], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         for p in (server, relay):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devtools import controllers, hami
+from devtools.clusters import controllers, hami
 from devtools.paths import REPO_ROOT
 
 

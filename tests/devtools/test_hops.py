@@ -6,8 +6,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from devtools import manifests
 from devtools.bench import hops
+from devtools.clusters import manifests
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.config import Config
 from tests.builders import nodes_view

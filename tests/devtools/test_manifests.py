@@ -1,4 +1,4 @@
-"""devtools.manifests reads the kustomize base as kustomize renders it, and writes the overlay that points the
+"""devtools.clusters.manifests reads the kustomize base as kustomize renders it, and writes the overlay that points the
 API server at a webhook running as a local process."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests
+from devtools.clusters import manifests
 from tests.manifests.support import CA_PEM, CONFIGS, HOOKS, NAME, configuration, kustomize, needs_kubectl
 
 # --- load -----------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ipaddress
 from pathlib import Path
 
-from devtools import controllers, node, pki
+from devtools import pki
+from devtools.clusters import controllers, node
 
 
 def test_pods_route_cluster_ips_and_pods_to_the_node_and_nothing_else() -> None:

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from devtools import hami, manifests
 from devtools.bench import cli, hops, peers
+from devtools.clusters import hami, manifests
 
 # --- without a HAMi tree ------------------------------------------------------------------------------------
 

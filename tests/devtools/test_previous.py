@@ -1,4 +1,5 @@
-"""devtools.previous: the previous release's tree exported from its revision, as the node tier upgrades from it."""
+"""devtools.release.previous: the previous release's tree exported from its revision, as the node tier upgrades
+from it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import subprocess
 import pytest
 import yaml
 
-from devtools import paths, previous
+from devtools import paths
+from devtools.release import previous
 
 
 def test_a_revision_must_be_a_full_commit_id() -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import oci, paths, release
+from devtools import paths, release
+from devtools.builds import oci
 
 CHANGELOG = "# Changelog\n\n## [Unreleased]\n\n## [0.1.0] - 2026-12-05\n\n### Added\n- The webhooks.\n"
 

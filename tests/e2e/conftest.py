@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from devtools import wheel
-from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.builds import wheel
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
 
 from .support import RETIRED, TAINT, running, serving_from_wheel
 

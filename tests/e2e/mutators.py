@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from devtools.controlplane import ControlPlane
+from devtools.clusters.controlplane import ControlPlane
 from hami_mt_webhook.service import certs
 
 #: What a webhook does to a pod: (the request's path, the pod) -> a JSON Patch, empty to change nothing.

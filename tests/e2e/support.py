@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import wheel
-from devtools.controlplane import ControlPlane, ControlPlaneError
-from devtools.local import LocalWebhook
+from devtools.builds import wheel
+from devtools.clusters.controlplane import ControlPlane, ControlPlaneError
+from devtools.clusters.local import LocalWebhook
 from hami_mt_webhook.rules import templates
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import hami, manifests
-from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook
+from devtools.clusters import hami, manifests
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import LocalWebhook
 from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
 
 from .support import apply, exists, metric, pod, stored, wait_for

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import policyreports
-from devtools.controlplane import ControlPlane
-from devtools.local import NAMESPACE, LocalWebhook
+from devtools.clusters import policyreports
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import NAMESPACE, LocalWebhook
 from hami_mt_webhook.cli import main as cli
 
 from .support import CORE, MEMORY, VGPU, apply, metric, pod, until

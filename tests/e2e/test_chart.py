@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests, monitoring
-from devtools.controlplane import ControlPlane, binaries
-from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters import manifests, monitoring
+from devtools.clusters.controlplane import ControlPlane, binaries
+from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
 from devtools.paths import CHART
 from hami_mt_webhook.admission import chart
 from hami_mt_webhook.cli import main as cli
@@ -427,11 +427,11 @@ def test_the_audit_values_switch_its_objects_and_flags(rendered: list[Doc]) -> N
 
 def test_the_monitoring_component_is_the_charts_rendering() -> None:
     """One home for the alerts and the dashboard: the component is written from the chart (default values)
-    by `python -m devtools.monitoring`, so an edit to either alone fails here."""
+    by `python -m devtools.clusters.monitoring`, so an edit to either alone fails here."""
     rendered = monitoring.render_component(binaries() / "helm")
     assert set(rendered) == set(monitoring.COMPONENT_FILES)
     for name, text in rendered.items():
-        assert (monitoring.COMPONENT / name).read_text() == text, f"{name}: run python -m devtools.monitoring"
+        assert (monitoring.COMPONENT / name).read_text() == text, f"{name}: run python -m devtools.clusters.monitoring"
     listed = yaml.safe_load((monitoring.COMPONENT / "kustomization.yaml").read_text())["resources"]
     assert sorted(listed) == sorted(rendered)
 

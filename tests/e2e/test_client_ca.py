@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from devtools.local import LocalWebhook
+from devtools.clusters.local import LocalWebhook
 from hami_mt_webhook.service import certs
 
 from .support import VGPU, apply, pod, stored

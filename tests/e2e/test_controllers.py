@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from devtools.local import apply_nodes
+from devtools.clusters.local import apply_nodes
 
 from .support import CORE, IMAGE, MEMORY, VGPU, apply, stored, until
 

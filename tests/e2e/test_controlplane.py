@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from devtools.binaries import BIN_ENV, VERSION_ENV, pinned_versions
-from devtools.controlplane import ControlPlane, ControlPlaneError
+from devtools.builds.binaries import BIN_ENV, VERSION_ENV, pinned_versions
+from devtools.clusters.controlplane import ControlPlane, ControlPlaneError
 
 from .support import processes_mentioning
 
@@ -113,7 +113,7 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     script = (
         "import json, os, signal, sys\n"
         "from pathlib import Path\n"
-        "from devtools.controlplane import ControlPlane\n"
+        "from devtools.clusters.controlplane import ControlPlane\n"
         f"cp = ControlPlane(workdir=Path({str(tmp_path)!r})).start()\n"
         "print(json.dumps(cp.pids), flush=True)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"

@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests
-from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters import manifests
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.doctor import fetch
 from hami_mt_webhook.service import certs

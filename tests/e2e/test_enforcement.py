@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import LocalWebhook
 
 from .support import CORE, IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, exists, metric, pod, resources, stored, wait_for
 

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from devtools import procs
-from devtools.controlplane import ControlPlane
-from devtools.local import NAMESPACE, LocalWebhook
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import NAMESPACE, LocalWebhook
 from hami_mt_webhook.service.peerview import CONDITION
 
 from .support import metric, wait_for

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from devtools.attacks import Flood
-from devtools.traffic import LoopThread
+from devtools.load.attacks import Flood
+from devtools.load.traffic import LoopThread
 
 from .support import CORE, MEMORY, VGPU, apply, metric, pod, resources, stored
 

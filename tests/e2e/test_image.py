@@ -25,10 +25,10 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import image
-from devtools.controlplane import ControlPlane
-from devtools.local import CHART, NAMESPACE, RELEASE, LocalWebhook, apply_nodes, example_nodes, helm
-from devtools.node import hierarchies, own_memory_cgroup, remove_cgroups
+from devtools.builds import image
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import CHART, NAMESPACE, RELEASE, LocalWebhook, apply_nodes, example_nodes, helm
+from devtools.clusters.node import hierarchies, own_memory_cgroup, remove_cgroups
 
 from .support import CORE, MEMORY, VGPU, pod
 

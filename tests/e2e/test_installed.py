@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import wheel
+from devtools.builds import wheel
+from devtools.builds.wheel import Installed
 from devtools.paths import REPO_ROOT
-from devtools.wheel import Installed
 
 #: The clean builds do not depend on the Kubernetes version: they run with the newest only.
 NEWEST_ONLY = pytest.mark.skipif(os.environ.get("HAMI_MT_KUBE_VERSION") == "floor",

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import monitoring
-from devtools.controlplane import ControlPlane
-from devtools.local import NAMESPACE, LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters import monitoring
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import NAMESPACE, LocalWebhook, apply_nodes, example_nodes
 
 from .mutators import LoopbackWebhook
 from .support import IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, metric, pod, wait_for

@@ -20,10 +20,10 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from devtools import fleet
-from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook, apply_nodes, example_nodes
-from devtools.traffic import LoopThread
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.load import fleet
+from devtools.load.traffic import LoopThread
 from hami_mt_webhook.service import nodefeed, nodewatch
 from tests.builders import make_pod, review_body
 

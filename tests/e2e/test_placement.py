@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from devtools.cluster import HOSTNAME, S5000, ZONES
-from devtools.controlplane import ControlPlane
-from devtools.local import apply_nodes
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import apply_nodes
 
 from .support import running, until
 from .test_chart import CHART, NS, RELEASE, Doc, find, helm, template

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import time
 
-from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
 
 from .support import MEMORY, ON_S5000, VGPU, apply, pod
 

@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devtools import manifests
-from devtools.controlplane import binaries
+from devtools.clusters import manifests
+from devtools.clusters.controlplane import binaries
 
 EXE = Path(sys.executable).parent / "hami-mt-webhook"
 

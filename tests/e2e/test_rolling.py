@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from devtools.local import LocalWebhook
-from devtools.traffic import LoopThread, PodCreator
+from devtools.clusters.local import LocalWebhook
+from devtools.load.traffic import LoopThread, PodCreator
 from hami_mt_webhook.service import certs
 
 from .support import VGPU, metric, pod

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools.controlplane import ControlPlane
+from devtools.clusters.controlplane import ControlPlane
 
 from .support import EXAMPLES, IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, check_example, custom, wait_for
 

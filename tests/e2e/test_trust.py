@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from devtools import manifests
+from devtools.clusters import manifests
 
 from .support import CORE, MEMORY, VGPU, WHOLE, apply, exists, pod, resources, stored
 

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from devtools import cluster
-from devtools.local import apply_nodes
+from devtools.clusters.local import apply_nodes
 
 from .support import (
     CORE,

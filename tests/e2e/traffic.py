@@ -1,5 +1,5 @@
 """A TCP balancer in front of webhook processes, for the reliability tests (the pod traffic is
-`devtools.traffic`).
+`devtools.load.traffic`).
 
 The balancer plays the Service: new connections go round-robin to the backends in rotation, and
 taking a backend out of rotation (the endpoint removal that a preStop pause waits for) leaves its
@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 from collections import Counter
 
-from devtools.traffic import LoopThread
+from devtools.load.traffic import LoopThread
 
 
 class Balancer:

@@ -1,5 +1,5 @@
 """The fault tier: three real nodes, the chart's replicas one per node, a replica or its node broken while
-slice pods are created at 20 a second (`devtools.faults`).
+slice pods are created at 20 a second (`devtools.scenarios.faults`).
 
 It needs what the node tier needs (root, `make node-tools`, the image) and about twenty minutes, so it runs
 only when asked: `pytest -m faults` (`make test-faults`, `KUBE_VERSION` as for the other tiers). What it
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from devtools.binaries import ControlPlaneError
-from devtools.faults import Faults, cluster_with_chart
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread
+from devtools.builds.binaries import ControlPlaneError
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread
+from devtools.scenarios.faults import Faults, cluster_with_chart
 from tests.tiers import only_when_selected, report_measured
 
 FAULTS_DIR = Path(__file__).resolve().parent

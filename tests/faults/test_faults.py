@@ -16,8 +16,8 @@ from functools import partial
 
 import pytest
 
-from devtools.faults import FAULTS, GRAY, Faults
-from devtools.nodes import Cluster
+from devtools.clusters.nodes import Cluster
+from devtools.scenarios.faults import FAULTS, GRAY, Faults
 
 from .conftest import MEASURED
 

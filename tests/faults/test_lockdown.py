@@ -5,7 +5,7 @@
   passing, and refuses no pod. The flooded replica, CPU-starved, may answer its peers late enough to be taken
   out by failover's majority verdict (a gray failure, issue 47): at most once, never another replica, and
   back once the flood ends;
-- the chart's NetworkPolicies, enforced by kube-network-policies on every node (`devtools.netpol`), let
+- the chart's NetworkPolicies, enforced by kube-network-policies on every node (`devtools.clusters.netpol`), let
   kube-apiserver's calls, kubelet's probes, the replicas' probes of each other and a scrape from the
   monitoring namespace through, through an install, a rollout and a crash with none refused, and nothing
   else: a pod in another namespace reaches no port of a replica; failover still takes a hung replica out.
@@ -26,12 +26,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import attacks, local, paths
-from devtools.faults import RATE, EndpointWatch, Faults
-from devtools.netpol import Enforcer
-from devtools.node import FABRIC_IP
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread, Outcome, creating
+from devtools import paths
+from devtools.clusters import local
+from devtools.clusters.netpol import Enforcer
+from devtools.clusters.node import FABRIC_IP
+from devtools.clusters.nodes import Cluster
+from devtools.load import attacks
+from devtools.load.traffic import LoopThread, Outcome, creating
+from devtools.scenarios.faults import RATE, EndpointWatch, Faults
 from hami_mt_webhook.service.peerview import CONDITION
 from tests.node.pods import connect, in_pod, pause_pod
 

@@ -1,6 +1,6 @@
 """The hami tier: pods the webhook admitted, placed by HAMi's own scheduler extender beside kube-scheduler.
 
-HAMi is built from a HAMi source tree the developer fetched (`$HAMI_MT_HAMI_SOURCE`, `devtools.hami`) with
+HAMi is built from a HAMi source tree the developer fetched (`$HAMI_MT_HAMI_SOURCE`, `devtools.clusters.hami`) with
 the tree's own go.mod, so the tier needs the tree, Go and cgo, and runs only when asked: `pytest -m hami`
 (`make test-hami`); any other run leaves it out, and `-m hami` without the variable skips it, saying how to
 fetch HAMi. Each module has its own control plane (kube-scheduler calling HAMi's extender as HAMi's chart
@@ -18,9 +18,10 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import hami, wheel
-from devtools.controlplane import ControlPlane
-from devtools.local import LocalWebhook
+from devtools.builds import wheel
+from devtools.clusters import hami
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.local import LocalWebhook
 from tests.e2e.support import running, serving_from_wheel
 from tests.tiers import only_when_selected
 

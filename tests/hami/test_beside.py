@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import yaml
 
-from devtools import hami
+from devtools.clusters import hami
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.doctor.components import HAMI_WEBHOOK_OFF, hami_memory_per_card
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS

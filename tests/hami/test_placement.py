@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 
-from devtools import cluster, hami
-from devtools.controlplane import ControlPlane
+from devtools import cluster
+from devtools.clusters import hami
+from devtools.clusters.controlplane import ControlPlane
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
 from tests.e2e.support import CORE, MEMORY, VGPU, apply, pod, stored, until, wait_for
 from tests.e2e.test_annotation_guard import BY_POLICY, annotate, carrying, prepare, refused, tenant

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests
+from devtools.clusters import manifests
 
 NS = "hami-mt-webhook"
 NAME = "hami-mt-webhook"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests
+from devtools.clusters import manifests
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.rules import templates
@@ -482,7 +482,7 @@ def test_monitoring_component_renders_with_the_base(tmp_path: Path) -> None:
 
 
 def test_warn_registrations_are_the_base_registrations_for_namespaces_in_rollout_mode(docs) -> None:
-    """webhooks-warn.yaml is generated from the base (`python -m devtools.manifests`): after a change to
+    """webhooks-warn.yaml is generated from the base (`python -m devtools.clusters.manifests`): after a change to
     webhooks.yaml or workload-webhook.yaml, run it; the copies differ in names, paths and one selector
     term."""
     warn = manifests.load(manifests.base_dir() / manifests.WARN_FILE)

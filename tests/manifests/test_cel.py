@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import manifests
+from devtools.clusters import manifests
 from hami_mt_webhook.rules import templates
 from tests.manifests.support import BACKSTOP, SLICES, WHOLE, configuration, match_condition, workload_condition
 

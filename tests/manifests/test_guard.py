@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from devtools import manifests
+from devtools.clusters import manifests
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules import owned
 from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS, Config

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from devtools import manifests, monitoring
+from devtools.clusters import manifests, monitoring
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.service.metrics import Metrics
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import monitoring
+from devtools.clusters import monitoring
 from tests.manifests.support import CONFIGS
 
 HERE = Path(__file__).resolve().parent

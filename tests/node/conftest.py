@@ -16,10 +16,13 @@ from typing import Any
 
 import pytest
 
-from devtools import image, local, paths, previous
-from devtools.binaries import ControlPlaneError, pinned_versions
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread, creating
+from devtools import paths
+from devtools.builds import image
+from devtools.builds.binaries import ControlPlaneError, pinned_versions
+from devtools.clusters import local
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread, creating
+from devtools.release import previous
 from tests.tiers import only_when_selected, report_measured
 
 from .replicas import failover, failover_working, replicas, rolled_out, wait_for
@@ -94,8 +97,8 @@ def upgrades_run(node: Cluster) -> bool:
 
 @pytest.fixture(scope="session")
 def chart(node: Cluster, lt: LoopThread) -> Iterator[Cluster]:
-    """The previous release's chart and image (`devtools.previous`) installed as the README's Install section
-    says (`devtools.local.install_chart_on_node`, what `make run NODE=1` runs too), then `helm upgrade` to this
+    """The previous release's chart and image (`devtools.release.previous`) installed as the README's Install section
+    says (`devtools.clusters.local.install_chart_on_node`, what `make run NODE=1` runs too), then `helm upgrade` to this
     tree's chart with the values it was installed with while RATE slice pods a second are created: the
     upgraded release is what every module of the tier works on, 3 replicas Ready through their probes. The
     upgrade's outcome is recorded in UPGRADES, not judged here, so one refused pod fails one test. On the

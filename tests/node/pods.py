@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from devtools.nodes import Cluster
+from devtools.clusters.nodes import Cluster
 from tests.e2e.support import until
 
 #: A TCP connect's outcome, printed by a Python run where the caller says (`connect`).

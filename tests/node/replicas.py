@@ -9,9 +9,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from devtools import local
-from devtools.faults import CONDITION
-from devtools.nodes import Cluster
+from devtools.clusters import local
+from devtools.clusters.nodes import Cluster
+from devtools.scenarios.faults import CONDITION
 
 NAMESPACE = local.NAMESPACE
 DEPLOYMENT = f"deployment/{local.RELEASE}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from devtools import local
-from devtools.nodes import Cluster
+from devtools.clusters import local
+from devtools.clusters.nodes import Cluster
 
 from .conftest import MEASURED, NAMESPACE
 

@@ -7,8 +7,8 @@ import subprocess
 import time
 
 from devtools import pki
-from devtools.node import BRIDGE, FABRIC_IP, UPLINK
-from devtools.nodes import Cluster
+from devtools.clusters.node import BRIDGE, FABRIC_IP, UPLINK
+from devtools.clusters.nodes import Cluster
 
 
 def test_node_is_ready_at_its_own_address(node: Cluster) -> None:

@@ -13,8 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from devtools import local
-from devtools.node import hierarchies, leftovers, own_memory_cgroup
+from devtools.clusters import local
+from devtools.clusters.node import hierarchies, leftovers, own_memory_cgroup
 
 from ..e2e.support import processes_mentioning
 from ..e2e.test_try import BANNER_END, Run

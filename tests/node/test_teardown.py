@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from devtools.node import hierarchies, own_memory_cgroup
-from devtools.nodes import Cluster
+from devtools.clusters.node import hierarchies, own_memory_cgroup
+from devtools.clusters.nodes import Cluster
 from devtools.paths import REPO_ROOT
 
 
@@ -77,7 +77,7 @@ def _cmdline(pid: str) -> str:
 
 KILLED_RUN = """
 import json, sys, time
-from devtools.nodes import Cluster
+from devtools.clusters.nodes import Cluster
 node = Cluster(2, images=())
 node.start()
 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},

@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devtools import local, manifests, paths
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread, PodCreator, creating
+from devtools import paths
+from devtools.clusters import local, manifests
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread, PodCreator, creating
 from hami_mt_webhook import __version__
 from hami_mt_webhook.service import certs
 from tests.e2e.support import VGPU, WHOLE, pod

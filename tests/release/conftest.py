@@ -20,10 +20,11 @@ from typing import Any
 
 import pytest
 
-from devtools import local, paths, release
-from devtools.binaries import ControlPlaneError
-from devtools.nodes import Cluster
-from devtools.registry import Registry, RegistryError
+from devtools import paths, release
+from devtools.builds.binaries import ControlPlaneError
+from devtools.clusters import local
+from devtools.clusters.nodes import Cluster
+from devtools.clusters.registry import Registry, RegistryError
 from tests.tiers import only_when_selected, report_measured
 
 RELEASE_DIR = Path(__file__).resolve().parent

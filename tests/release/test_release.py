@@ -14,7 +14,9 @@ from typing import Any
 
 import yaml
 
-from devtools import image, local, oci, release, wheel
+from devtools import release
+from devtools.builds import image, oci, wheel
+from devtools.clusters import local
 from devtools.paths import REPO_ROOT
 from tests.release.conftest import MEASURED, Published
 

@@ -11,7 +11,7 @@ import ssl
 
 import pytest
 
-from devtools import attacks
+from devtools.load import attacks
 from hami_mt_webhook.service.http11 import MAX_HEAD, MAX_REQUEST_LINE
 from hami_mt_webhook.service.listener import Limits
 from tests.builders import container, make_pod, padded_request, review_body

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
-from devtools import attacks, procs
+from devtools import procs
 from devtools.bench.servers import Server
+from devtools.load import attacks
 from hami_mt_webhook.service import certs
 
 #: How far above its idle RSS a replica may stay once large reviews have stopped (issue 34).

@@ -11,7 +11,7 @@ import asyncio
 import orjson
 import pytest
 
-from devtools import fleet
+from devtools.load import fleet
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import nodewatch

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import orjson
 
-from devtools import attacks
+from devtools.load import attacks
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import probes

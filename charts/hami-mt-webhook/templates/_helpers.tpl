@@ -105,7 +105,7 @@ has(object.spec.jobTemplate.spec.template) ? [object.spec.jobTemplate.spec.templ
 {{- end -}}
 
 {{/* The training jobs' webhook: rules and matchCondition, generated from hami_mt_webhook.rules.workloads.KINDS
-(devtools.manifests.template_condition; the chart test compares them with the kustomize base). */}}
+(devtools.clusters.manifests.template_condition; the chart test compares them with the kustomize base). */}}
 {{- define "hmw.trainingRules" -}}
 - operations: [CREATE, UPDATE]
   apiGroups: [kubeflow.org]

@@ -1,6 +1,6 @@
 """Three real nodes, each a machine of its own, and the faults that happen to machines and to pods.
 
-The cluster (`devtools.nodes.Cluster`) and the chart on it serve this module only: it is torn down before
+The cluster (`devtools.clusters.nodes.Cluster`) and the chart on it serve this module only: it is torn down before
 the one-node tier starts (this directory is collected before the tier's other modules), so the machine
 never runs both. The faults are checked for what they are meant to do, at the kernel's level and as the
 API server sees it; what a fault costs the webhook is measured elsewhere, with the same methods.
@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
-from devtools import local
-from devtools.binaries import ControlPlaneError
-from devtools.node import ZONE_LABEL, process_state
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread, creating
+from devtools.builds.binaries import ControlPlaneError
+from devtools.clusters import local
+from devtools.clusters.node import ZONE_LABEL, process_state
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread, creating
 from tests.e2e.support import until
 from tests.node.pods import connect, in_pod, pause_pod
 

@@ -6,7 +6,7 @@ changes it; with a self-signed Issuer signing the serving certificate directly (
 by pointing the serving Certificate at the chart's self-signed Issuer) every renewal is a new CA, injected
 at once while the replicas serve the previous certificate until kubelet syncs the Secret.
 
-    python -m devtools.renewals [--setup chain|selfsigned] [--renewals 3] [--version floor]
+    python -m devtools.scenarios.renewals [--setup chain|selfsigned] [--renewals 3] [--version floor]
 
 Renewals are triggered as `cmctl renew` does (an `Issuing` condition on the Certificate's status); the root
 is rotated in the order docs/operating.md gives ("Rotating the root").
@@ -29,9 +29,10 @@ from datetime import UTC, datetime
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from devtools import certmanager, local, paths
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread, PodCreator, slice_pod
+from devtools import paths
+from devtools.clusters import certmanager, local
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread, PodCreator, slice_pod
 
 RATE = 20.0
 NAMESPACE = local.NAMESPACE
@@ -295,7 +296,7 @@ def count_renewals(cluster: Cluster, lt: LoopThread, renewals: int = 3, root: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.renewals", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.scenarios.renewals", description=__doc__.split("\n\n")[0])
     parser.add_argument("--setup", choices=["chain", "selfsigned"], default="chain")
     parser.add_argument("--renewals", type=int, default=3)
     parser.add_argument("--merging", choices=["on", "off"], default="on",

@@ -40,9 +40,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from devtools import changelog, image, oci, wheel
-from devtools.binaries import helm
+from devtools.builds import image, oci, wheel
+from devtools.builds.binaries import helm
 from devtools.paths import CHANGELOG, CHART, REPO_ROOT
+from devtools.release import changelog
 from hami_mt_webhook import __version__
 
 TOOLS_SCRIPT = REPO_ROOT / "scripts" / "build-release-tools.sh"
@@ -389,6 +390,3 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(asdict(rel), indent=2))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

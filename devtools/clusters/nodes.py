@@ -2,12 +2,12 @@
 
 Every address lives only in namespaces made here, none linked to the machine's network:
 
-- the fabric: a network and mount namespace (`devtools.netns`) holding etcd, kube-apiserver and the
+- the fabric: a network and mount namespace (`devtools.clusters.netns`) holding etcd, kube-apiserver and the
   controllers. Its loopback carries the `kubernetes` Service's cluster IP (10.0.0.1; with no
   kube-proxy, this is how pods reach the API server at the address kubelet gives them, as kube-proxy's
   IPVS mode binds cluster IPs to a local interface) and the control plane's own address 10.244.0.1, the
   one kube-apiserver advertises; it listens on port 443 of every address.
-- node N (`devtools.node.Host`, hmw-node-N in zone-a, zone-b, ...): a namespace of its own with its
+- node N (`devtools.clusters.node.Host`, hmw-node-N in zone-a, zone-b, ...): a namespace of its own with its
   bridge hmw0 (10.244.N.1/24, its pods), containerd, kubelet and cgroup root, linked to the fabric by
   a veth pair (hmwnN in the fabric, hmwf0 on the node) that carries no address. The fabric routes
   10.244.N.0/24 to the node; the node routes the cluster IPs and 10.244.0.0/16 (the fabric and the
@@ -34,7 +34,7 @@ processes stopped by PID, the control plane, the namespaces' holders last (their
 links go with them), the cgroups and the work dir removed. `leftovers()` says what is left; a killed
 test process leaves nothing either (each holder's `node.reaper`).
 
-    python -m devtools.nodes up [--nodes N]    start them, print the kubeconfig, stop everything on Ctrl-C
+    python -m devtools.clusters.nodes up [--nodes N]    start them, print the kubeconfig, stop everything on Ctrl-C
 """
 
 from __future__ import annotations
@@ -56,11 +56,13 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from devtools import image, node, pki
-from devtools.binaries import ControlPlaneError, binaries
-from devtools.controlplane import ControlPlane
-from devtools.netns import Namespace
-from devtools.node import Host, NodeError
+from devtools import pki
+from devtools.builds import image
+from devtools.builds.binaries import ControlPlaneError, binaries
+from devtools.clusters import node
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.netns import Namespace
+from devtools.clusters.node import Host, NodeError
 from devtools.paths import REPO_ROOT
 from devtools.procs import die_with_parent, tail
 
@@ -76,7 +78,7 @@ OOM_HEADROOM = 64 << 20
 LOSS_TABLE = "hmw_gray_loss"
 #: The nftables table (family ip, in the pod's network namespace) that sends `delay_pod`'s ports to the relay.
 DELAY_TABLE = "hmw_gray_delay"
-#: How far above a delayed port the relay listens (`devtools.delayer`).
+#: How far above a delayed port the relay listens (`devtools.load.delayer`).
 DELAY_PORT_OFFSET = 10000
 
 
@@ -109,7 +111,7 @@ class Cluster:
 
     `labels[i]` are extra labels of node i+1 (e.g. `{"mthreads.com/gpu-node": "true"}`), beside its zone.
     `images` are podman images imported into every node's containerd (the chart's by default; none: the
-    pause image only, which always is). `version` picks the Kubernetes binaries as `devtools.binaries` does.
+    pause image only, which always is). `version` picks the Kubernetes binaries as `devtools.builds.binaries` does.
     """
 
     def __init__(self, nodes: int = 3, *, labels: Sequence[Mapping[str, str]] = (), workdir: Path | None = None,
@@ -435,7 +437,7 @@ class Cluster:
 
     def delay_pod(self, namespace: str, name: str, seconds: float, ports: Sequence[int]) -> None:
         """What the pod sends from `ports` held `seconds` before it leaves, until `heal_pod`: connections that
-        reach its eth0 on those ports are redirected to a relay in its network namespace (`devtools.delayer`:
+        reach its eth0 on those ports are redirected to a relay in its network namespace (`devtools.load.delayer`:
         this kernel has no `sch_netem`).
 
         NAT decides once per connection, so one open before the redirect would bypass the relay for as long as
@@ -444,7 +446,7 @@ class Cluster:
         caller meets the delay on its next connection, as all would behind a slow link."""
         _host, _cgroup, netns, _mac, _veth = self._veth(namespace, name)
         pairs = [f"{p + DELAY_PORT_OFFSET}:{p}" for p in ports]
-        relay = subprocess.Popen(["nsenter", f"--net={netns}", sys.executable, "-m", "devtools.delayer", "--delay",
+        relay = subprocess.Popen(["nsenter", f"--net={netns}", sys.executable, "-m", "devtools.load.delayer", "--delay",
                                   str(seconds), *pairs], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                  stdin=subprocess.DEVNULL, cwd=REPO_ROOT,
                                  preexec_fn=die_with_parent())
@@ -572,11 +574,11 @@ def _ready(obj: Mapping[str, Any]) -> tuple[str, int]:
     return "", 0
 
 
-# --- `python -m devtools.nodes up` ------------------------------------------------------------------------
+# --- `python -m devtools.clusters.nodes up` ------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.nodes", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.clusters.nodes", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the nodes and the control plane, print the kubeconfig, stop on Ctrl-C")
     up.add_argument("--nodes", type=int, default=3)

@@ -4,7 +4,7 @@ held to (policy-reporter reads the objects these define), and what the chart's `
 Taken from Kyverno's Go module (`config/crds/policyreport`), through the Go module proxy, into a cache keyed
 by Kyverno's version, so the tests compare with Kyverno's own files, never with a copy of ours.
 
-    python -m devtools.policyreports    (prints the cached files' paths)
+    python -m devtools.clusters.policyreports    (prints the cached files' paths)
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ answer is a refused pod creation. Each fault here is done to one replica of a `n
 per node, the chart installed), the one the API server's connections go to (`Faults.busiest`), while
 `traffic.creating` sends slice pods, and every creation's outcome is kept: how many were refused, over how
 long a window, and when the API server's view of the endpoint changed (the EndpointSlice, polled every
-0.2 s). The fault tier holds the figures to targets (`tests/faults`); `python -m devtools.faults` measures
+0.2 s). The fault tier holds the figures to targets (`tests/faults`); `python -m devtools.scenarios.faults` measures
 every fault with failover off and then on, on one cluster in one run, and prints the table
 docs/PERFORMANCE.md keeps.
 
-    python -m devtools.faults [--version newest|floor|1.MINOR] [--faults crash,hang,...] [--only on|off]
+    python -m devtools.scenarios.faults [--version newest|floor|1.MINOR] [--faults crash,hang,...] [--only on|off]
         [--long SECONDS]
 """
 
@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from devtools import local, paths
-from devtools.nodes import Cluster
-from devtools.traffic import LoopThread, Outcome, creating
+from devtools import paths
+from devtools.clusters import local
+from devtools.clusters.nodes import Cluster
+from devtools.load.traffic import LoopThread, Outcome, creating
 from hami_mt_webhook.service.peerview import CONDITION
 
 __all__ = ["FAULTS", "GRAY", "Count", "EndpointWatch", "Fault", "Faults", "gray", "main"]
@@ -392,7 +393,7 @@ def table(rows: dict[str, dict[str, Count]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.faults", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.scenarios.faults", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", default=None, help="Kubernetes version (newest, floor, 1.MINOR)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated, of {', '.join(FAULTS)}")
     parser.add_argument("--only", choices=("on", "off"), help="failover on or off only")

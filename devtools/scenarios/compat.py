@@ -2,7 +2,7 @@
 another, and a table of what each gave. Not part of CI (a cold machine builds a control plane per minor,
 minutes each); `--write` puts the table into docs/compatibility.md between its markers.
 
-    python -m devtools.compat [--versions 1.33,1.35] [--write] [-- pytest arguments]
+    python -m devtools.scenarios.compat [--versions 1.33,1.35] [--write] [-- pytest arguments]
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devtools.binaries import BIN_ENV, VERSION_ENV, ControlPlaneError, binaries, pinned_versions
+from devtools.builds.binaries import BIN_ENV, VERSION_ENV, ControlPlaneError, binaries, pinned_versions
 from devtools.paths import REPO_ROOT
 
 DOC = REPO_ROOT / "docs" / "compatibility.md"
@@ -98,7 +98,7 @@ def write(doc: Path, text: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.compat",
+    parser = argparse.ArgumentParser(prog="python -m devtools.scenarios.compat",
                                      description="The end-to-end tier on every Kubernetes minor, and a table.")
     parser.add_argument("--versions", help="comma-separated minors or versions (default: floor to newest)")
     parser.add_argument("--write", action="store_true",

@@ -1,15 +1,15 @@
 """One real node of the node tier: its own network and mount namespace, containerd, kubelet and cgroups.
 
 The e2e tier has no kubelet, so the chart's Deployment, probes, Service and rollouts are only rendered
-there. The node tier runs them (`devtools.nodes.Cluster`, one or more of these `Host`s beside a control
+there. The node tier runs them (`devtools.clusters.nodes.Cluster`, one or more of these `Host`s beside a control
 plane): kubelet (built with the control plane, `scripts/build-controlplane.sh`), Debian's containerd,
 runc and CNI plugins (`make node-tools`), and the image `make image` builds, imported into containerd.
 
-A host is a network and mount namespace of its own (`devtools.netns`), so that it can be cut off or
+A host is a network and mount namespace of its own (`devtools.clusters.netns`), so that it can be cut off or
 killed as a whole, as a machine: its bridge `hmw0` with the node's IP (10.244.N.1/24; pods get .10 and
 up from CNI's host-local), containerd with its own root, state and sockets in the host's work dir,
 kubelet with its own root dir and its own cgroup root, and one link to the fabric (`hmwf0`, the other
-end of a veth pair the cluster makes; `devtools.nodes` describes the routes). Its addresses exist only
+end of a veth pair the cluster makes; `devtools.clusters.nodes` describes the routes). Its addresses exist only
 inside its namespace.
 
 Settings the machine needs (cgroup v1, no CAP_SYS_RESOURCE, no registry): kubelet on cgroupfs with its
@@ -39,15 +39,16 @@ from typing import Any
 
 import yaml
 
-from devtools import image, pki
-from devtools.binaries import ControlPlaneError
-from devtools.netns import Namespace
+from devtools import pki
+from devtools.builds import image
+from devtools.builds.binaries import ControlPlaneError
+from devtools.clusters.netns import Namespace
 from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
 from hami_mt_webhook.service import certs
 
 BRIDGE = "hmw0"
-#: The host's end of its link to the fabric (`devtools.nodes`).
+#: The host's end of its link to the fabric (`devtools.clusters.nodes`).
 UPLINK = "hmwf0"
 #: All pod ranges and node IPs: node N is 10.244.N.1 with pods in 10.244.N.0/24; 10.244.0.1 is the fabric's.
 POD_NETWORK = "10.244.0.0/16"
@@ -274,7 +275,7 @@ def alive(pids: set[int]) -> set[int]:
 class Host:
     """One node: a network and mount namespace with its bridge and uplink, containerd and kubelet on state
     of their own under `workdir`, pods under the cgroup root `cgroup_root`. Made and wired by
-    `devtools.nodes.Cluster`, which owns the control plane; the faults that concern the node as a machine
+    `devtools.clusters.nodes.Cluster`, which owns the control plane; the faults that concern the node as a machine
     (`kill`, `revive`, `restart_kubelet`, `restart_containerd`) are here.
 
     `labels` are added to the node's (`topology.kubernetes.io/zone`, zone-a for node 1, ...); kubelet sets

@@ -9,7 +9,7 @@ make the local control plane do the same, so the tests see what the webhook's re
   fits `mthreads.com/sgpu-memory` and `mthreads.com/sgpu-core` against node allocatable, as
   extended resources, and ignores `mthreads.com/vgpu`, which no node advertises (HAMi's extender
   manages it). Pods on `default-scheduler` stay Pending: no profile answers to that name.
-- Given an extender's URL (the `hami` tier runs HAMi's own, `devtools.hami`), kube-scheduler calls it
+- Given an extender's URL (the `hami` tier runs HAMi's own, `devtools.clusters.hami`), kube-scheduler calls it
   as HAMi's chart configures it: filter and bind, the node cache, `mthreads.com/vgpu` managed by it and
   ignored by kube-scheduler. sgpu-memory and sgpu-core are still fitted against node totals, as in the
   chart: kube-scheduler refuses a full node before the extender is asked.
@@ -21,7 +21,7 @@ make the local control plane do the same, so the tests see what the webhook's re
 - kube-controller-manager runs only the controllers on that path (`CONTROLLERS`): the others watch
   every pod or write to every node or namespace (endpoints, disruption, TTL, pod GC, root CA ...),
   CPU that two cores shared with the API server, the webhook and the tests cannot spare.
-- With a real kubelet (`devtools.nodes`) there is a Ready condition to keep and pods run: then every
+- With a real kubelet (`devtools.clusters.nodes`) there is a Ready condition to keep and pods run: then every
   controller runs (`EVERY`: endpoints for the webhook's Service, the node lifecycle, the root CA that
   service-account volumes mount) and kube-scheduler answers to `default-scheduler` too.
 """

@@ -18,10 +18,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from devtools import image, local
-from devtools.binaries import binaries as controlplane_binaries
-from devtools.local import helm
-from devtools.nodes import Cluster
+from devtools.builds import image
+from devtools.builds.binaries import binaries as controlplane_binaries
+from devtools.clusters import local
+from devtools.clusters.local import helm
+from devtools.clusters.nodes import Cluster
 from devtools.paths import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-cert-manager.sh"

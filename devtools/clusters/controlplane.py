@@ -2,16 +2,16 @@
 
 The webhook's promises (patches, denials, failure policy, RBAC of its own user) only mean something
 against the API server that calls it, so the tests run one: envtest-style, no kubelet. With
-`controllers=True` kube-controller-manager and kube-scheduler join it (`devtools.controllers`), so
+`controllers=True` kube-controller-manager and kube-scheduler join it (`devtools.clusters.controllers`), so
 workloads create their pods and pods are bound to nodes; pods are still never run.
 
 Only `certs` is used from the package, so the module can start a cluster for any part of it. The
-binaries come from `devtools.binaries`, the certificates from `devtools.pki`.
+binaries come from `devtools.builds.binaries`, the certificates from `devtools.pki`.
 
-`python -m devtools.controlplane up|down` (the end of this module) runs one from a shell and stops it
+`python -m devtools.clusters.controlplane up|down` (the end of this module) runs one from a shell and stops it
 from another.
 
-The node tier (`devtools.nodes`) runs the same processes inside a network namespace of its own (its
+The node tier (`devtools.clusters.nodes`) runs the same processes inside a network namespace of its own (its
 fabric), with kubelets in namespaces routed to it: `command_prefix` enters it, `reach` gives the loopback
 port here that leads to a port there, and `node_ip` turns on what real nodes need (Node authorization,
 the kubelet's client certificate, every controller, a default scheduler).
@@ -37,8 +37,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from devtools import controllers, pki
-from devtools.binaries import ControlPlaneError, binaries
+from devtools import pki
+from devtools.builds.binaries import ControlPlaneError, binaries
+from devtools.clusters import controllers
 
 # Ports, child processes and cleanup: devtools.procs, shared with `make run` and the benchmark.
 from devtools.procs import STOP_GRACE_S
@@ -63,14 +64,14 @@ class KubectlError(subprocess.CalledProcessError):
 
 class ControlPlane:
     """etcd and kube-apiserver on free loopback ports, with an admin kubeconfig and a private CA;
-    with `controllers`, kube-controller-manager and kube-scheduler too (`devtools.controllers`).
+    with `controllers`, kube-controller-manager and kube-scheduler too (`devtools.clusters.controllers`).
 
     Single use: `start()` once (or enter the context), `stop()` once. Everything lives in the `workdir`
     property: a fresh directory made inside the `workdir` argument (default: the system temp dir), so
     several control planes can share a parent; it is removed on stop unless `keep`.
     `apiserver_args` are appended to the kube-apiserver flags (feature gates, audit, ...).
 
-    For real nodes (`devtools.nodes`): `command_prefix` is put before every command started (entering a
+    For real nodes (`devtools.clusters.nodes`): `command_prefix` is put before every command started (entering a
     namespace), `reach(port)` is the loopback port here that leads to `port` where they listen,
     `apiserver_port` fixes the API server's port, and `node_ip` is its address for kubelets and pods: the API
     server listens on every address of its namespace, advertises `node_ip`, authorizes kubelets (Node,
@@ -79,7 +80,7 @@ class ControlPlane:
 
     `extender` (with `controllers`) starts a scheduler extender before kube-scheduler, given the started
     control plane, and returns the URL kube-scheduler is to call it at: HAMi's own, in the `hami` tier
-    (`devtools.hami.SchedulerExtender`). `default_scheduler` (with `controllers`) has kube-scheduler answer
+    (`devtools.clusters.hami.SchedulerExtender`). `default_scheduler` (with `controllers`) has kube-scheduler answer
     to `default-scheduler` without a real node, so pods that name no scheduler (the chart's own) are bound.
     """
 
@@ -409,7 +410,7 @@ class ControlPlane:
         return result
 
 
-# --- `python -m devtools.controlplane up|down` ------------------------------------------------------------
+# --- `python -m devtools.clusters.controlplane up|down` ------------------------------------------------------------
 # `up` writes a state file (pids with their start times, ports, paths) into `--dir`; `down` reads it,
 # asks `up` to stop its children in order, and kills whatever a SIGKILLed `up` left behind.
 
@@ -419,8 +420,8 @@ KUBECONFIG_FILE = "admin.kubeconfig"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """`python -m devtools.controlplane up|down`."""
-    parser = argparse.ArgumentParser(prog="python -m devtools.controlplane",
+    """`python -m devtools.clusters.controlplane up|down`."""
+    parser = argparse.ArgumentParser(prog="python -m devtools.clusters.controlplane",
                                      description="run a local etcd, kube-apiserver, kube-controller-manager "
                                                  "and kube-scheduler on loopback")
     actions = parser.add_subparsers(dest="controlplane_action", required=True)

@@ -3,11 +3,11 @@
 The node tier installs its chart and image, then upgrades to this tree's (`tests/node/conftest.chart`). The
 revision is exported with `git archive` (its tracked files only, nothing of this work tree) into the cache
 outside the tree, keyed by the revision, and its image built from its own Dockerfile and sources by
-`devtools.image.build` (the same bases, stand-ins or official). Both are kept, so a second run only looks
+`devtools.builds.image.build` (the same bases, stand-ins or official). Both are kept, so a second run only looks
 them up. The image is tagged `rev-<revision>` rather than with its version, which this tree may still share
 until its own release: two builds of one tag would replace each other in the node's containerd.
 
-    python -m devtools.previous [--bases auto|standin|pull]
+    python -m devtools.release.previous [--bases auto|standin|pull]
 
 prints the chart's directory and the image's name.
 """
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from devtools import image
+from devtools.builds import image
 from devtools.paths import REPO_ROOT
 
 __all__ = ["RELEASE", "Previous", "PreviousError", "build", "fetch_commit"]
@@ -122,7 +122,7 @@ def build(rel: Previous = RELEASE, mode: str = "auto", say: Callable[[str], None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.previous", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.release.previous", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bases", choices=["auto", "standin", "pull"], default="auto",
                         help="where the image's bases come from, as `make image` (IMAGE_BASES)")
     args = parser.parse_args(argv)

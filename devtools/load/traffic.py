@@ -1,6 +1,6 @@
 """Slice-pod traffic through the API server, every creation's outcome kept with its time.
 
-What the node tier's uptime tests and the fault tier (`devtools.faults`) measure a fault with: pods
+What the node tier's uptime tests and the fault tier (`devtools.scenarios.faults`) measure a fault with: pods
 created at a fixed rate (`creating`), each answer recorded (`PodCreator.outcomes`), from an event loop in
 a thread of its own (`LoopThread`) so the tests and the fault code stay synchronous.
 """
@@ -119,7 +119,7 @@ class PodCreator:
 
 
 class _ControlPlane(Protocol):
-    """What `creating` needs of a control plane (devtools.controlplane.ControlPlane)."""
+    """What `creating` needs of a control plane (devtools.clusters.controlplane.ControlPlane)."""
 
     @property
     def server(self) -> str: ...

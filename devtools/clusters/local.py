@@ -23,10 +23,11 @@ from typing import Any, TextIO
 
 import yaml
 
-from devtools import cluster, manifests, monitoring, procs
-from devtools.binaries import ControlPlaneError
-from devtools.controlplane import ControlPlane
-from devtools.nodes import Cluster
+from devtools import cluster, procs
+from devtools.builds.binaries import ControlPlaneError
+from devtools.clusters import manifests, monitoring
+from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.nodes import Cluster
 from devtools.paths import CHART
 from hami_mt_webhook.service import certs
 
@@ -337,7 +338,7 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
 
 
 def try_on_node(workdir: Path | None = None, say: Console | None = None, nodes: int = 1) -> int:
-    """`make run NODE=1` (`NODES=3`): the chart on real nodes (`devtools.nodes.Cluster`), until Ctrl-C, SIGTERM
+    """`make run NODE=1` (`NODES=3`): the chart on real nodes (`devtools.clusters.nodes.Cluster`), until Ctrl-C, SIGTERM
     or SIGHUP.
 
     The webhook runs as the chart's replicas on the nodes' kubelets, as a cluster runs it, so there is no
@@ -484,9 +485,9 @@ def _supervise(cp: ControlPlane, webhook: LocalWebhook, restart_delay: float, sa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`make run`: `python -m devtools.local [--dir DIR] [--restart-delay SECONDS]`."""
+    """`make run`: `python -m devtools.clusters.local [--dir DIR] [--restart-delay SECONDS]`."""
     parser = argparse.ArgumentParser(
-        prog="python -m devtools.local",
+        prog="python -m devtools.clusters.local",
         description="Start a local etcd + kube-apiserver, the webhook and the example nodes; restart the "
                     "webhook when it exits; stop everything on SIGINT, SIGTERM or SIGHUP.")
     parser.add_argument("--dir", type=Path, default=None,

@@ -8,7 +8,7 @@ port on 127.0.0.1 (not redirected: the rule matches `eth0` only) and passes what
 seconds after it read it, in order, as netem on the pod's interface delays its egress. The handshake is
 the relay's, so a new connection is not delayed; every answer is. Requests are passed at once.
 
-    python -m devtools.delayer --delay 0.5 18443:8443 18080:8080    (listen:target pairs, on all addresses)
+    python -m devtools.load.delayer --delay 0.5 18443:8443 18080:8080    (listen:target pairs, on all addresses)
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _pair(text: str) -> tuple[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.delayer", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.load.delayer", description=__doc__.split("\n\n")[0])
     parser.add_argument("--delay", type=float, required=True, help="seconds each answer is held")
     parser.add_argument("pairs", type=_pair, nargs="+", metavar="LISTEN:TARGET")
     args = parser.parse_args(argv)

@@ -26,7 +26,7 @@ Its processes are in the node's network namespace, so they belong to the node (`
 `kill_node` kills them with the node and `Cluster.stop` stops them; `revive_node` and `restart_*` do not
 start them again (`Enforcer.restart(host)` does).
 
-    python -m devtools.netpol proof     (make netpol-proof) a 2-node cluster, the enforcer, policies checked
+    python -m devtools.clusters.netpol proof     (make netpol-proof) a 2-node cluster, the enforcer, policies checked
 """
 
 from __future__ import annotations
@@ -42,9 +42,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from devtools import image, node, pki
-from devtools.node import Host
-from devtools.nodes import Cluster
+from devtools import pki
+from devtools.builds import image
+from devtools.clusters import node
+from devtools.clusters.node import Host
+from devtools.clusters.nodes import Cluster
 from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
 
@@ -197,7 +199,7 @@ class Enforcer:
             terminate(proc, grace=10)
 
 
-# --- the proof: `python -m devtools.netpol proof` --------------------------------------------------------
+# --- the proof: `python -m devtools.clusters.netpol proof` --------------------------------------------------------
 
 POLICY_DENY = """\
 apiVersion: networking.k8s.io/v1

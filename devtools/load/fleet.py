@@ -105,7 +105,7 @@ def now() -> str:
 
 
 def admin_context(cp: Any) -> ssl.SSLContext:
-    """TLS to a devtools.controlplane.ControlPlane as its admin: its CA, the admin client certificate."""
+    """TLS to a devtools.clusters.controlplane.ControlPlane as its admin: its CA, the admin client certificate."""
     ctx = ssl.create_default_context(cafile=str(cp.ca_file))
     ctx.load_cert_chain(str(cp.workdir / "admin.crt"), str(cp.workdir / "admin.key"))
     return ctx

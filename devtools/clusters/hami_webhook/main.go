@@ -2,7 +2,7 @@
 // (cmd/scheduler: an httprouter with routes.WebHookRoute() on POST /webhook, a certwatcher over the
 // TLS pair, the same http.Server timeouts), without the extender or its node and pod informers.
 //
-// It is not part of hami-mt-webhook: devtools.hami builds it against a HAMi source tree, with that
+// It is not part of hami-mt-webhook: devtools.clusters.hami builds it against a HAMi source tree, with that
 // tree's own go.mod, for the benchmark's `peers` part. The device configuration is HAMi's file
 // format (--device-config-file), so HAMi's webhook sees the resource names HAMi's chart gives it.
 package main

@@ -1,6 +1,6 @@
 """The release notes of one version: its section of CHANGELOG.md (Keep a Changelog).
 
-`python -m devtools.changelog 0.1.0 [--file CHANGELOG.md]` prints them, for the release step's notes; a
+`python -m devtools.release.changelog 0.1.0 [--file CHANGELOG.md]` prints them, for the release step's notes; a
 version without a section, or with an empty one, stops the release with the versions the file has.
 """
 
@@ -59,7 +59,7 @@ def section(text: str, version: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.changelog", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.release.changelog", description=__doc__.splitlines()[0])
     parser.add_argument("version", help="e.g. 0.1.0 or v0.1.0")
     parser.add_argument("--file", type=Path, default=CHANGELOG, help="the changelog (default: CHANGELOG.md)")
     args = parser.parse_args(argv)

@@ -15,8 +15,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from devtools import node
-from devtools.netns import Namespace
+from devtools.clusters import node
+from devtools.clusters.netns import Namespace
 from devtools.procs import spawn, tail, terminate
 
 REGISTRY_BIN = "/usr/bin/docker-registry"

@@ -5,7 +5,7 @@ through kube-apiserver while a flood is held. A flood holds its connections open
 whenever the server closes one, so the pressure lasts as long as the flood runs. 127.0.0.1 unless `--host`
 names another address (a replica's pod IP, from inside a pod's network namespace on the node tier).
 
-    python -m devtools.attacks idle --port 8443 --count 600   # until SIGTERM or --seconds
+    python -m devtools.load.attacks idle --port 8443 --count 600   # until SIGTERM or --seconds
 
 Kinds: idle (TLS done, nothing sent), slow-read (a whole review sent, the answer never read),
 silent (TCP only), half-hello (half a TLS ClientHello), big (reviews of `--body-mib` MiB in a loop);
@@ -267,7 +267,7 @@ class Flooder:
 
     def __init__(self, kind: str, count: int, port: int, log: Path, *, prefix: Sequence[str] = (),
                  cafile: Path | None = None, source: str | None = None, host: str | None = None) -> None:
-        cmd = [*prefix, sys.executable, "-m", "devtools.attacks", kind, "--port", str(port), "--count", str(count),
+        cmd = [*prefix, sys.executable, "-m", "devtools.load.attacks", kind, "--port", str(port), "--count", str(count),
                *(["--cafile", str(cafile)] if cafile else []), *(["--source", source] if source else []),
                *(["--host", host] if host else [])]
         self.proc = procs.spawn(cmd, log, pipe=True, cwd=REPO_ROOT, mode="wb")
@@ -291,7 +291,7 @@ class Flooder:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one flood until SIGTERM or `--seconds`; print `holding` once it is up, then its counts as JSON."""
-    p = argparse.ArgumentParser(prog="python -m devtools.attacks", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m devtools.load.attacks", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("kind", choices=KINDS)
     p.add_argument("--port", type=int, required=True)

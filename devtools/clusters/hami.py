@@ -4,7 +4,7 @@ for the benchmark's `peers` part and its scheduler extender for the `hami` e2e t
 Nothing of HAMi lives in this repository. Both binaries are built with the tree's own go.mod and go.sum
 (the Go module proxy serves every module HAMi needs, not HAMi itself), into a cache outside the work
 tree; Go's build cache makes a second build of the same tree take seconds. The webhook's main is this
-project's (`devtools/hami_webhook/main.go`): HAMi ships its webhook only inside the scheduler binary, so
+project's (`devtools/clusters/hami_webhook/main.go`): HAMi ships its webhook only inside the scheduler binary, so
 the main serves HAMi's own `routes.WebHookRoute()` handler the way that binary does, and goes into the
 build through `go build -overlay`, which leaves the tree untouched.
 
@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devtools import controllers
+from devtools.clusters import controllers
 from devtools.procs import free_ports
 from hami_mt_webhook.rules.config import HAMI_NAMESPACE, HAMI_SERVICE_ACCOUNTS
 
 if TYPE_CHECKING:
-    from devtools.controlplane import ControlPlane
+    from devtools.clusters.controlplane import ControlPlane
 
 SOURCE_ENV = "HAMI_MT_HAMI_SOURCE"
 MODULE = "github.com/Project-HAMi/HAMi"

@@ -9,12 +9,12 @@ image once pulled or, where no container registry can be reached, a stand-in mad
 with mmdebstrap (`make_standin`, `make_runtime_standin`), labelled `STANDIN_LABEL`. They are kept in the
 container storage outside the tree, so only the first build makes them.
 
-    python -m devtools.image build [--bases auto|standin|pull] [--platform linux/amd64|linux/arm64]
+    python -m devtools.builds.image build [--bases auto|standin|pull] [--platform linux/amd64|linux/arm64]
 
 prints the image's name: `localhost/hami-mt-webhook:<version>` for amd64 (the chart's default, and what the
 node tier imports into containerd), `localhost/hami-mt-webhook:<version>-arm64` for arm64 (`reference_for`).
 For a release: `build(mode, tag, say, platform, labels)` returns the name, `size_mb(name)` its size
-(`devtools.oci` runs an image of either architecture from its OCI archive).
+(`devtools.builds.oci` runs an image of either architecture from its OCI archive).
 
 The settings the machine needs are in a containers.conf of our own (`CONTAINERS_CONF`): runc as the
 runtime, cgroupfs, and no default ulimits (raising RLIMIT_NOFILE needs CAP_SYS_RESOURCE, which a VM's
@@ -318,7 +318,7 @@ def build(mode: str = "auto", tag: str | None = None, say: Callable[[str], None]
     """Build the image for `platform` (linux/amd64 or linux/arm64) from the Dockerfile, the bases first (see
     `ensure_bases`); return its name (`reference_for`). `labels` become --label flags and, for the OCI
     labels the Dockerfile declares (`org.opencontainers.image.revision` and `.version`), build arguments.
-    `context` is the tree built, its own Dockerfile included (another revision's: `devtools.previous`).
+    `context` is the tree built, its own Dockerfile included (another revision's: `devtools.release.previous`).
 
     The build stage runs on this machine's architecture whatever the platform (the Dockerfile's
     `FROM --platform=$BUILDPLATFORM`); for arm64 it cross-compiles, and the arm64 runtime stage only copies,
@@ -369,7 +369,7 @@ def size_mb(name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m devtools.image", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m devtools.builds.image", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the image from the Dockerfile and print its name")
     b.add_argument("--bases", choices=["auto", "standin", "pull"], default="auto",

@@ -1,0 +1,1 @@
+"""Scenarios run on a cluster: faults, certificate renewals, every Kubernetes minor."""
