@@ -37,12 +37,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import paths
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook import __version__
 
 #: The chart's `image.repository`; podman stores it as localhost/hami-mt-webhook.
 REPOSITORY = "hami-mt-webhook"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hami-mt-webhook" / "image"
+CACHE = paths.CACHE / "image"
 #: Set on the stand-in bases, so `podman image inspect` tells them from the official images.
 STANDIN_LABEL = "org.hami-mt-webhook.standin"
 #: The Debian release whose Python is 3.11, as the official python:3.11-bookworm image and distroless's.

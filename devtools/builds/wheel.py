@@ -19,10 +19,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import paths
 from devtools.paths import REPO_ROOT
 
 #: Installs kept by `install_cached`, one per source state, newest last.
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hami-mt-webhook" / "installed"
+CACHE = paths.CACHE / "installed"
 KEEP = 3
 #: An install unused this long (seconds) may go once more than `KEEP` exist.
 STALE = 6 * 3600

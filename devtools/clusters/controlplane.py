@@ -42,6 +42,7 @@ from devtools.builds.binaries import ControlPlaneError, binaries
 from devtools.clusters import controllers
 
 # Ports, child processes and cleanup: devtools.procs, shared with `make run` and the benchmark.
+from devtools.paths import RUN_DIR
 from devtools.procs import STOP_GRACE_S
 from devtools.procs import cleanup as _cleanup
 from devtools.procs import free_ports as _free_ports
@@ -414,7 +415,7 @@ class ControlPlane:
 # `up` writes a state file (pids with their start times, ports, paths) into `--dir`; `down` reads it,
 # asks `up` to stop its children in order, and kills whatever a SIGKILLed `up` left behind.
 
-DEFAULT_RUN_DIR = Path.home() / ".cache" / "hami-mt-webhook" / "run"
+DEFAULT_RUN_DIR = RUN_DIR
 STATE_FILE = "controlplane.json"
 KUBECONFIG_FILE = "admin.kubeconfig"
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from devtools import paths
 from devtools.clusters import controllers
 from devtools.procs import free_ports
 from hami_mt_webhook.rules.config import HAMI_NAMESPACE, HAMI_SERVICE_ACCOUNTS
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 SOURCE_ENV = "HAMI_MT_HAMI_SOURCE"
 MODULE = "github.com/Project-HAMi/HAMi"
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hami-mt-webhook" / "hami"
+CACHE = paths.CACHE / "hami"
 WEBHOOK_MAIN = Path(__file__).resolve().parent / "hami_webhook" / "main.go"
 #: Where the overlay puts the webhook's main inside the tree (a directory HAMi does not have).
 OVERLAY_DIR = "cmd/hami-mt-bench-webhook"

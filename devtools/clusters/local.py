@@ -28,7 +28,7 @@ from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters import manifests, monitoring
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.nodes import Cluster
-from devtools.paths import CHART
+from devtools.paths import CHART, RUN_DIR
 from hami_mt_webhook.service import certs
 
 NAMESPACE = "hami-mt-webhook"
@@ -279,7 +279,7 @@ def _exit_status(code: int) -> str:
 def _run_dir(workdir: Path | None) -> tuple[Path, list[int]]:
     """The run directory's parent, made, and the stop signals set: the first raises `Stop`; once the list
     they return is not empty (the cleanup has begun), later signals change nothing."""
-    base = Path(workdir or Path.home() / ".cache" / "hami-mt-webhook" / "run")
+    base = Path(workdir or RUN_DIR)
     base.mkdir(parents=True, exist_ok=True)
     stopping: list[int] = []
 

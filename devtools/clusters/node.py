@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from devtools import pki
+from devtools import paths, pki
 from devtools.builds import image
 from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters.netns import Namespace
@@ -57,7 +57,7 @@ FABRIC_IP = "10.244.0.1"
 #: Where the tier's processes and the test process meet: the API server's port inside the fabric.
 APISERVER_PORT = 443
 PAUSE_SOURCE = REPO_ROOT / "controlplane" / "pause"
-CACHE = image.CACHE.parent / "node"
+CACHE = paths.CACHE / "node"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTAINERD = "/usr/bin/containerd"
 CTR = "/usr/bin/ctr"

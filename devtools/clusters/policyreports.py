@@ -16,14 +16,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from devtools import paths
+
 __all__ = ["FILES", "KYVERNO", "crds"]
 
 MODULE = "github.com/kyverno/kyverno"
 KYVERNO = "v1.19.1"
 FILES = ("wgpolicyk8s.io_policyreports.yaml", "wgpolicyk8s.io_clusterpolicyreports.yaml")
 IN_MODULE = Path("config/crds/policyreport")
-CACHE = Path(os.environ.get("HAMI_MT_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-             / "hami-mt-webhook") / "policyreports" / KYVERNO
+CACHE = paths.CACHE / "policyreports" / KYVERNO
 
 
 def crds() -> list[Path]:

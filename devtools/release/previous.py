@@ -25,8 +25,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from devtools import paths
 from devtools.builds import image
 from devtools.paths import REPO_ROOT
+
+#: Each previous release's tree, by revision.
+CACHE = paths.CACHE / "previous"
 
 __all__ = ["RELEASE", "Previous", "PreviousError", "build", "fetch_commit"]
 
@@ -54,7 +58,7 @@ class Previous:
     @property
     def tree(self) -> Path:
         """Where the revision's files are kept."""
-        return image.CACHE.parent / "previous" / self.revision
+        return CACHE / self.revision
 
     @property
     def chart(self) -> Path:

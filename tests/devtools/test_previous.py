@@ -31,7 +31,7 @@ def test_the_release_tree_is_the_versions_chart_and_dockerfile() -> None:
 
 
 def test_a_commit_missing_from_the_clone_is_named(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr(previous.image, "CACHE", tmp_path / "image")
+    monkeypatch.setattr(previous, "CACHE", tmp_path / "previous")
     with pytest.raises(previous.PreviousError, match=r"commit 0{40} \(release 9\.9\.9\) is not in this clone"):
         previous.export(previous.Previous("9.9.9", "0" * 40))
 
@@ -43,7 +43,7 @@ def test_a_shallow_clone_fetches_the_release_commit_from_its_origin(tmp_path, mo
     subprocess.run(["git", "clone", "--quiet", "--depth=1", "--no-local", f"file://{paths.REPO_ROOT}",
                     str(clone)], check=True, capture_output=True)
     monkeypatch.setattr(previous, "REPO_ROOT", clone)
-    monkeypatch.setattr(previous.image, "CACHE", tmp_path / "image")
+    monkeypatch.setattr(previous, "CACHE", tmp_path / "previous")
     rel = previous.RELEASE
     assert not previous._has_commit(rel.revision)
     tree = previous.export(rel)
