@@ -33,6 +33,7 @@ from devtools import paths
 from devtools.clusters import certmanager, local
 from devtools.clusters.nodes import Cluster
 from devtools.load.traffic import LoopThread, PodCreator, slice_pod
+from devtools.waiting import seconds_until
 
 RATE = 20.0
 NAMESPACE = local.NAMESPACE
@@ -119,20 +120,11 @@ def renew(cluster: Cluster, certificate: str) -> None:
                     "-p", json.dumps([{"op": "add", "path": "/status/conditions/-", "value": condition}]))
 
 
-def wait_until(what: str, ok: Callable[[], bool], timeout: float, interval: float = 0.5) -> float:
-    started = time.monotonic()
-    while not ok():
-        if time.monotonic() > started + timeout:
-            raise RenewalError(f"{what}: not within {timeout:.0f} s")
-        time.sleep(interval)
-    return time.monotonic() - started
-
-
 def reissue(cluster: Cluster, certificate: str, secret: str, timeout: float = 60.0) -> x509.Certificate:
     """Renew `certificate` and wait for the new one in `secret`."""
     before = secret_certificate(cluster, secret).serial_number
     renew(cluster, certificate)
-    wait_until(f"{certificate} renewed into Secret {secret}",
+    seconds_until(f"{certificate} renewed into Secret {secret}",
                lambda: secret_certificate(cluster, secret).serial_number != before, timeout)
     return secret_certificate(cluster, secret)
 
@@ -140,7 +132,7 @@ def reissue(cluster: Cluster, certificate: str, secret: str, timeout: float = 60
 def wait_served(cluster: Cluster, cert: x509.Certificate, timeout: float = SERVED_WITHIN) -> float:
     """Seconds until every replica serves `cert` (its expiry metric is cert's notAfter)."""
     want = cert.not_valid_after_utc.timestamp()
-    return wait_until("every replica serving the renewed certificate",
+    return seconds_until("every replica serving the renewed certificate",
                       lambda: all(abs(v - want) < 1 for v in served_expiries(cluster).values()), timeout, 2.0)
 
 
@@ -160,7 +152,7 @@ def rotate_root(cluster: Cluster, say: Callable[[str], None]) -> None:
     cluster.kubectl("annotate", "secret", BUNDLE, "-n", NAMESPACE, "cert-manager.io/allow-direct-injection=true")
     upgrade(cluster, f"certManager.caBundleSecret={BUNDLE}")            # 2. both trusted
     both = {old.serial_number, new.serial_number}
-    seconds = wait_until("every caBundle holding both roots", lambda: all(
+    seconds = seconds_until("every caBundle holding both roots", lambda: all(
         {c.serial_number for c in certs} >= both for certs in ca_bundles(cluster).values()), 120)
     say(f"root rotation: both roots in every caBundle {seconds:.1f} s after the upgrade")
     serving = reissue(cluster, SERVING, SECRET)                          # 3. signed by the new root
@@ -169,7 +161,7 @@ def rotate_root(cluster: Cluster, say: Callable[[str], None]) -> None:
     upgrade(cluster, "certManager.caBundleSecret=")                     # 4. the new root alone:
     cluster.kubectl("delete", "secret", BUNDLE, "-n", NAMESPACE)
     drop_old_roots(cluster, new)  # cainjector merges and drops only expired CAs, so the old one is removed here
-    seconds = wait_until("every caBundle holding the new root alone", lambda: all(
+    seconds = seconds_until("every caBundle holding the new root alone", lambda: all(
         [c.serial_number for c in certs] == [new.serial_number] for certs in ca_bundles(cluster).values()), 60)
     say(f"root rotation: the new root alone in every caBundle {seconds:.1f} s after removing the old one")
 
@@ -180,18 +172,18 @@ def move_to_cert_manager(cluster: Cluster, say: Callable[[str], None]) -> None:
     started = time.monotonic()
     upgrade(cluster, "certManager.enabled=true")                        # 1. the chart's CA kept in the caBundle
     say(f"to cert-manager: helm upgrade --set certManager.enabled=true {time.monotonic() - started:.1f} s")
-    seconds = wait_until("Secret hami-mt-webhook-tls issued by cert-manager",
+    seconds = seconds_until("Secret hami-mt-webhook-tls issued by cert-manager",
                          lambda: issued_by_cert_manager(cluster), 120)
     root, serving = secret_certificate(cluster, ROOT), secret_certificate(cluster, SECRET)
     say(f"to cert-manager: the serving certificate issued from the root {seconds:.1f} s after the upgrade")
     both = {old.serial_number, root.serial_number}
-    seconds = wait_until("every caBundle holding the chart's CA and the root", lambda: all(
+    seconds = seconds_until("every caBundle holding the chart's CA and the root", lambda: all(
         {c.serial_number for c in certs} >= both for certs in ca_bundles(cluster).values()), 60)
     say(f"to cert-manager: both CAs in every caBundle {seconds:.1f} s after the issuance")
     say(f"to cert-manager: every replica serving cert-manager's certificate {wait_served(cluster, serving):.0f} s "
         "after its issuance")                                           # 2. served everywhere
     drop_old_roots(cluster, root)                                       # 3. the chart's CA out
-    seconds = wait_until("every caBundle holding the root alone", lambda: all(
+    seconds = seconds_until("every caBundle holding the root alone", lambda: all(
         [c.serial_number for c in certs] == [root.serial_number] for certs in ca_bundles(cluster).values()), 60)
     say(f"to cert-manager: the root alone in every caBundle {seconds:.1f} s after removing the chart's CA; "
         f"{time.monotonic() - started:.0f} s from the upgrade")
@@ -263,10 +255,10 @@ def self_signed_leaf(cluster: Cluster) -> None:
     before = secret_certificate(cluster, SECRET).serial_number
     cluster.kubectl("patch", "certificate", SERVING, "-n", NAMESPACE, "--type=merge", "-p",
                     json.dumps({"spec": {"issuerRef": {"kind": "Issuer", "name": SELF_SIGNED}}}))
-    wait_until("the self-signed serving certificate in its Secret",
+    seconds_until("the self-signed serving certificate in its Secret",
                lambda: secret_certificate(cluster, SECRET).serial_number != before, 60)
     cert = secret_certificate(cluster, SECRET)
-    wait_until("the self-signed certificate in every caBundle", lambda: all(
+    seconds_until("the self-signed certificate in every caBundle", lambda: all(
         cert.serial_number in [c.serial_number for c in certs] for certs in ca_bundles(cluster).values()), 120)
     wait_served(cluster, cert)
 

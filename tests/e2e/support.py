@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +17,7 @@ import yaml
 from devtools.builds import wheel
 from devtools.clusters.controlplane import ControlPlane, ControlPlaneError
 from devtools.clusters.local import LocalWebhook
+from devtools.waiting import until
 from hami_mt_webhook.rules import templates
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -138,18 +138,6 @@ def serving_from_wheel() -> Iterator[wheel.Installed]:
         yield done
     finally:
         LocalWebhook.command_prefix = before
-
-
-def until(what: str, probe: Callable[[], Any], timeout: float = 90.0, interval: float = 0.5) -> Any:
-    """Poll `probe` until it returns something truthy, and return that: controllers and schedulers act when
-    they act."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if result := probe():
-            return result
-        if time.monotonic() > deadline:
-            pytest.fail(f"not after {timeout:.0f} s: {what}")
-        time.sleep(interval)
 
 
 def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> None:

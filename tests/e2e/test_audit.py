@@ -23,9 +23,10 @@ import yaml
 from devtools.clusters import policyreports
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.local import NAMESPACE, LocalWebhook
+from devtools.waiting import until
 from hami_mt_webhook.cli import main as cli
 
-from .support import CORE, MEMORY, VGPU, apply, metric, pod, until
+from .support import CORE, MEMORY, VGPU, apply, metric, pod
 
 CHART_CRDS = Path(__file__).resolve().parents[2] / "charts" / "hami-mt-webhook" / "files" / "crds"
 OLD_NS, WARN_NS = "e2e-audit-old", "e2e-audit-warn"

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from devtools.clusters.local import apply_nodes
+from devtools.waiting import until
 
-from .support import CORE, IMAGE, MEMORY, VGPU, apply, stored, until
+from .support import CORE, IMAGE, MEMORY, VGPU, apply, stored
 
 POOL = "e2e.example.com/pool"
 S4000, S5000 = "ctl-s4000", "ctl-s5000"

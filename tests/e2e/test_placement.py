@@ -19,8 +19,9 @@ import yaml
 from devtools.cluster import HOSTNAME, S5000, ZONES
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.local import apply_nodes
+from devtools.waiting import until
 
-from .support import running, until
+from .support import running
 from .test_chart import CHART, NS, RELEASE, Doc, find, helm, template
 from .test_controllers import get
 

@@ -13,6 +13,7 @@ import yaml
 
 from devtools import cluster
 from devtools.clusters.local import apply_nodes
+from devtools.waiting import until
 
 from .support import (
     CORE,
@@ -29,7 +30,6 @@ from .support import (
     pod,
     resources,
     stored,
-    until,
 )
 
 

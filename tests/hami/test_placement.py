@@ -24,8 +24,9 @@ import pytest
 from devtools import cluster
 from devtools.clusters import hami
 from devtools.clusters.controlplane import ControlPlane
+from devtools.waiting import until
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
-from tests.e2e.support import CORE, MEMORY, VGPU, apply, pod, stored, until, wait_for
+from tests.e2e.support import CORE, MEMORY, VGPU, apply, pod, stored, wait_for
 from tests.e2e.test_annotation_guard import BY_POLICY, annotate, carrying, prepare, refused, tenant
 
 from .conftest import start_webhook

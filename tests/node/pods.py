@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from devtools.clusters.nodes import Cluster
-from tests.e2e.support import until
+from devtools.waiting import until
 
 #: A TCP connect's outcome, printed by a Python run where the caller says (`connect`).
 CONNECT = """

@@ -5,13 +5,13 @@ its uptime tests."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
 from devtools.clusters import local
 from devtools.clusters.nodes import Cluster
 from devtools.scenarios.faults import CONDITION
+from devtools.waiting import seconds_until
 
 NAMESPACE = local.NAMESPACE
 DEPLOYMENT = f"deployment/{local.RELEASE}"
@@ -32,11 +32,8 @@ def ready(node: Cluster) -> list[str]:
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 180.0) -> float:
-    started = time.monotonic()
-    while not check():
-        assert time.monotonic() - started < timeout, f"{what}: not after {timeout:.0f} s"
-        time.sleep(0.5)
-    return time.monotonic() - started
+    """`seconds_until`, with the node tier's deadline: a rollout on real nodes takes minutes."""
+    return seconds_until(what, check, timeout)
 
 
 def rolled_out(node: Cluster) -> None:

@@ -21,7 +21,7 @@ from devtools.clusters import local
 from devtools.clusters.node import ZONE_LABEL, process_state
 from devtools.clusters.nodes import Cluster
 from devtools.load.traffic import LoopThread, creating
-from tests.e2e.support import until
+from devtools.waiting import until
 from tests.node.pods import connect, in_pod, pause_pod
 
 from ..conftest import MEASURED, NAMESPACE
