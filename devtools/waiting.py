@@ -16,7 +16,7 @@ class NotWithin(RuntimeError):
     """A condition that did not come within its deadline; the message names it and the deadline."""
 
 
-def until(what: str, probe: Callable[[], T], timeout: float = 90.0, interval: float = 0.5) -> T:
+def until(what: str, probe: Callable[[], T | None], timeout: float = 90.0, interval: float = 0.5) -> T:
     """`probe`'s first truthy answer, asked every `interval` seconds; `NotWithin` once `timeout` has passed."""
     deadline = time.monotonic() + timeout
     while True:

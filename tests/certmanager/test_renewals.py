@@ -15,6 +15,7 @@ from devtools.clusters import local
 from devtools.clusters.nodes import Cluster
 from devtools.load.traffic import LoopThread
 from devtools.scenarios import renewals
+from devtools.waiting import seconds_until
 from hami_mt_webhook.doctor.serving import signs
 
 from .conftest import MEASURED
@@ -73,10 +74,10 @@ def test_a_fresh_install_with_cert_manager_admits_from_its_first_replica(chart: 
     started = time.monotonic()
     local.helm(cp, "install", local.RELEASE, str(paths.CHART), "-n", renewals.NAMESPACE,
                "--set", f"image.repository={local.NODE_IMAGE_REPOSITORY}", "--set", "certManager.enabled=true")
-    renewals.wait_until("3 replicas Ready", lambda: local.ready_replicas(chart) == 3, 180)
+    seconds_until("3 replicas Ready", lambda: local.ready_replicas(chart) == 3, 180)
     ready = time.monotonic() - started
     root = renewals.secret_certificate(chart, renewals.ROOT)
-    renewals.wait_until("the root alone in every caBundle", lambda: all(
+    seconds_until("the root alone in every caBundle", lambda: all(
         b == [root] for b in renewals.ca_bundles(chart).values()), 60)
     assert signs(root, renewals.secret_certificate(chart, renewals.SECRET))
     counted = renewals.Counted("fresh install with certManager.enabled=true")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 
 import pytest
 
@@ -10,7 +11,7 @@ from devtools.waiting import NotWithin, seconds_until, until
 
 
 def test_the_first_truthy_answer_is_returned() -> None:
-    answers = iter([None, 0, [], "ready"])
+    answers: Iterator[object] = iter([None, 0, [], "ready"])
     assert until("the answer", lambda: next(answers), timeout=5, interval=0) == "ready"
 
 
