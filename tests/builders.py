@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonpatch
 
-from devtools import cluster
+from devtools import gpus
 from hami_mt_webhook.rules.capacity import ClusterView
 
 VGPU = "mthreads.com/vgpu"
@@ -18,13 +18,13 @@ MEMORY = "mthreads.com/sgpu-memory"
 CORE = "mthreads.com/sgpu-core"
 WHOLE = "mthreads.com/gpu"
 SCHEDULER = "hami-scheduler"
-PRODUCT = cluster.PRODUCT
+PRODUCT = gpus.PRODUCT
 
 #: The nodes of examples/nodes.yaml, as the rules read them.
-S4000 = cluster.S4000.report("s4000-node")
-S5000 = cluster.S5000.report("s5000-node")
-ON_S4000 = cluster.S4000.selector
-ON_S5000 = cluster.S5000.selector
+S4000 = gpus.S4000.report("s4000-node")
+S5000 = gpus.S5000.report("s5000-node")
+ON_S4000 = gpus.S4000.selector
+ON_S5000 = gpus.S5000.selector
 
 
 def nodes_view() -> ClusterView:

@@ -16,7 +16,7 @@ import orjson
 
 from devtools.bench.report import Histogram, Section, fmt, histograms, percentile, table
 from devtools.bench.workload import EXPECT, KINDS, cluster
-from devtools.cluster import pod
+from devtools.gpus import pod
 from devtools.load import fleet
 
 #: kube-apiserver's histogram of the time each webhook call takes.

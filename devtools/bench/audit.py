@@ -35,9 +35,9 @@ import yaml
 
 from devtools.bench import scale_rig
 from devtools.bench.report import Section, fmt, percentile, samples, table
-from devtools.cluster import MEMORY, S4000, S5000, VGPU
 from devtools.clusters import policyreports
 from devtools.clusters.local import NAMESPACE
+from devtools.gpus import MEMORY, S4000, S5000, VGPU
 from devtools.load import fleet
 from devtools.paths import CHART
 from hami_mt_webhook.admission.enforcement import enforced_pod

@@ -19,7 +19,7 @@ from devtools import procs
 from devtools.bench.report import Section, fmt, percentile, table
 from devtools.bench.servers import Pinning, Server, drop_worktree, webhook_tree, worktree
 from devtools.bench.workload import PATH
-from devtools.cluster import MEMORY, pod, review_body
+from devtools.gpus import MEMORY, pod, review_body
 from devtools.load import attacks
 from hami_mt_webhook.service import certs
 

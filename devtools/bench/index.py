@@ -15,7 +15,7 @@ import orjson
 from devtools.bench.inprocess import per_call
 from devtools.bench.report import Section, fmt, table
 from devtools.bench.workload import cluster
-from devtools.cluster import CONFIG, pod, review_body
+from devtools.gpus import CONFIG, pod, review_body
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.capacity import ClusterView
 

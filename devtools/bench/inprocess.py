@@ -18,7 +18,7 @@ import orjson
 
 from devtools.bench.report import Section, fmt, stats_lines, table
 from devtools.bench.workload import KINDS, bodies, cluster, outcome
-from devtools.cluster import CONFIG, review_body
+from devtools.gpus import CONFIG, review_body
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules import pods as rules
 from hami_mt_webhook.rules.capacity import ClusterView

@@ -35,8 +35,8 @@ from devtools.bench.http import Harness, Load, answered, post_once
 from devtools.bench.report import Histogram, Section, fmt, histograms, loadavg, percentile, table
 from devtools.bench.servers import Process, Server, webhook_tree
 from devtools.bench.workload import KINDS, cluster
-from devtools.cluster import pod
 from devtools.clusters import hami
+from devtools.gpus import pod
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.service import certs
 

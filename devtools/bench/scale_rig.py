@@ -19,7 +19,7 @@ import orjson
 from devtools import procs
 from devtools.bench.apiserver import webhook_latency
 from devtools.bench.report import Histogram, histograms
-from devtools.cluster import MEMORY, S5000, VGPU
+from devtools.gpus import MEMORY, S5000, VGPU
 from devtools.load import fleet
 
 

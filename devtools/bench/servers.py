@@ -23,7 +23,7 @@ import orjson
 from devtools import procs
 from devtools.bench.report import percentile
 from devtools.bench.workload import PATH, cluster
-from devtools.cluster import CONFIG
+from devtools.gpus import CONFIG
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.service import certs

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from devtools.cluster import MODELS, ZONES, pod, review_body
+from devtools.gpus import MODELS, ZONES, pod, review_body
 
 PATH = "/mutate-pods"
 KINDS = ("slice", "exclusive", "snap", "multi-card", "denied")

@@ -1,7 +1,7 @@
 """cert-manager on the node tier's clusters, installed as users install it: its own Helm chart (from the Go
 module github.com/cert-manager/cert-manager, the version controlplane/cert-manager/go.mod pins) with its
 controller, webhook and cainjector built here by scripts/build-cert-manager.sh, each an image FROM scratch
-that the nodes import into containerd (`Cluster(..., images=[..., *images().values()])`)."""
+that the nodes import into containerd (`NodeCluster(..., images=[..., *images().values()])`)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from devtools.builds import image
 from devtools.builds.binaries import binaries as controlplane_binaries
 from devtools.clusters import local
 from devtools.clusters.local import helm
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-cert-manager.sh"
@@ -115,7 +115,7 @@ def chart() -> Path:
     return tgz
 
 
-def install(cluster: Cluster, timeout: float = 180, values: tuple[str, ...] = ()) -> float:
+def install(cluster: NodeCluster, timeout: float = 180, values: tuple[str, ...] = ()) -> float:
     """cert-manager installed on `cluster` with its chart (CRDs included, no startupapicheck Job: the wait
     below does its check), the images built here imported on the nodes beforehand; waits until its three
     Deployments are Available and its webhook answers (a server-side dry-run of an Issuer is admitted).
@@ -151,10 +151,10 @@ def install(cluster: Cluster, timeout: float = 180, values: tuple[str, ...] = ()
 
 @contextlib.contextmanager
 def cluster_with_chart(version: str | None = None, nodes: int = 1,
-                       cert_manager: tuple[str, ...] = ()) -> Iterator[Cluster]:
+                       cert_manager: tuple[str, ...] = ()) -> Iterator[NodeCluster]:
     """`nodes` real nodes with cert-manager installed by its chart, then this webhook's chart with
     `certManager.enabled=true`, its 3 replicas Ready on the certificate cert-manager issued."""
-    cluster = Cluster(nodes, version=version, images=[image.reference(), *images().values()])
+    cluster = NodeCluster(nodes, version=version, images=[image.reference(), *images().values()])
     try:
         cluster.start()
         install(cluster, values=cert_manager)

@@ -23,11 +23,11 @@ from typing import Any, TextIO
 
 import yaml
 
-from devtools import cluster, procs
+from devtools import gpus, procs
 from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters import manifests, monitoring
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.paths import CHART, RUN_DIR
 from hami_mt_webhook.service import certs
 
@@ -69,7 +69,7 @@ def apply_nodes(cp: ControlPlane, nodes: Iterable[dict[str, Any]]) -> list[str]:
 
 def example_nodes() -> list[dict[str, Any]]:
     """The example S4000 and S5000 nodes (examples/nodes.yaml), and a node with whole cards only."""
-    return [*cluster.example_nodes(), cluster.whole_card_node()]
+    return [*gpus.example_nodes(), gpus.whole_card_node()]
 
 
 #: The taint on the example nodes beside a real one: no kubelet runs them.
@@ -89,13 +89,13 @@ def tainted_example_nodes() -> list[dict[str, Any]]:
     return nodes
 
 
-def ready_replicas(node: Cluster) -> int:
+def ready_replicas(node: NodeCluster) -> int:
     out = node.kubectl("get", "deployment", RELEASE, "-n", NAMESPACE, "-o",
                        "jsonpath={.status.readyReplicas}", check=False).stdout.strip()
     return int(out or 0)
 
 
-def install_chart_on_node(node: Cluster, timeout: float = 180.0, values: Sequence[str] = (),
+def install_chart_on_node(node: NodeCluster, timeout: float = 180.0, values: Sequence[str] = (),
                           chart: Sequence[str] | None = None) -> float:
     """The chart installed on real nodes as the README's Install section says, with its defaults (and
     `values`, `key=value` for `--set`): the namespace made and labelled, the tainted example nodes,
@@ -338,16 +338,16 @@ def try_it(workdir: Path | None = None, restart_delay: float = RESTART_DELAY, sa
 
 
 def try_on_node(workdir: Path | None = None, say: Console | None = None, nodes: int = 1) -> int:
-    """`make run NODE=1` (`NODES=3`): the chart on real nodes (`devtools.clusters.nodes.Cluster`), until Ctrl-C, SIGTERM
-    or SIGHUP.
+    """`make run NODE=1` (`NODES=3`): the chart on real nodes (`devtools.clusters.nodes.NodeCluster`), until
+    Ctrl-C, SIGTERM or SIGHUP.
 
     The webhook runs as the chart's replicas on the nodes' kubelets, as a cluster runs it, so there is no
     local process to restart: a replica that dies is the Deployment's to replace. Whatever ends the run,
-    `Cluster.stop()` leaves nothing. Returns 1 if a node or the control plane fails.
+    `NodeCluster.stop()` leaves nothing. Returns 1 if a node or the control plane fails.
     """
     base, stopping = _run_dir(workdir)
     say = say or Console()
-    cluster = Cluster(nodes, workdir=base)
+    cluster = NodeCluster(nodes, workdir=base)
     what = "a node" if nodes == 1 else f"{nodes} nodes"
     try:
         say(f"starting {what}: etcd, kube-apiserver and the controllers in a network namespace of their own, "
@@ -372,7 +372,7 @@ def try_on_node(workdir: Path | None = None, say: Console | None = None, nodes: 
             "is removed")
 
 
-def _node_down(cluster: Cluster) -> str:
+def _node_down(cluster: NodeCluster) -> str:
     """What of the nodes has exited, or "" while all of it runs."""
     if exited := cluster.controlplane.exited():
         return f"{', '.join(exited)} exited"
@@ -383,7 +383,7 @@ def _node_down(cluster: Cluster) -> str:
     return ""
 
 
-def _node_banner(cluster: Cluster, installed: float) -> str:
+def _node_banner(cluster: NodeCluster, installed: float) -> str:
     cp = cluster.controlplane
     where = (f"node {cluster.names[0]} (kubelet and containerd)" if cluster.size == 1 else
              f"nodes {cluster.names[0]} to {cluster.names[-1]}\n(each its own kubelet, containerd and zone)")

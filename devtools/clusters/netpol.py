@@ -1,4 +1,4 @@
-"""A NetworkPolicy implementation on the node tier: kube-network-policies on every node of a `Cluster`.
+"""A NetworkPolicy implementation on the node tier: kube-network-policies on every node of a `NodeCluster`.
 
 Kubernetes stores NetworkPolicies but enforces none: that is the network plugin's job, and the node tier's
 CNI (a bridge, routing only) has none. So a NetworkPolicy for the webhook's pods is only proven where
@@ -23,7 +23,7 @@ of the node (as kubelet is) rather than a DaemonSet pod:
   published are judged without it, as upstream documents.
 
 Its processes are in the node's network namespace, so they belong to the node (`Host.processes`): a
-`kill_node` kills them with the node and `Cluster.stop` stops them; `revive_node` and `restart_*` do not
+`kill_node` kills them with the node and `NodeCluster.stop` stops them; `revive_node` and `restart_*` do not
 start them again (`Enforcer.restart(host)` does).
 
     python -m devtools.clusters.netpol proof     (make netpol-proof) a 2-node cluster, the enforcer, policies checked
@@ -46,7 +46,7 @@ from devtools import pki
 from devtools.builds import image
 from devtools.clusters import node
 from devtools.clusters.node import Host
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
 
@@ -128,7 +128,7 @@ class Enforcer:
     """kube-network-policies on every node of a started `cluster`; `start()` returns once each has loaded
     its nftables table and bound its queue."""
 
-    def __init__(self, cluster: Cluster, *, fail_open: bool = False, queue: int = 100) -> None:
+    def __init__(self, cluster: NodeCluster, *, fail_open: bool = False, queue: int = 100) -> None:
         self.cluster = cluster
         self.fail_open = fail_open
         self.queue = queue
@@ -238,7 +238,7 @@ FABRIC_DIAL = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv
                "    print('ok')\nexcept OSError as e:\n    print('fail', e)\n")
 
 
-def _fabric_dials(cluster: Cluster, ips: list[str], times: int = 4) -> collections.Counter[str]:
+def _fabric_dials(cluster: NodeCluster, ips: list[str], times: int = 4) -> collections.Counter[str]:
     counts: collections.Counter[str] = collections.Counter()
     for _ in range(times):
         for ip in ips:
@@ -257,7 +257,7 @@ def _pod(namespace: str, name: str, node_name: str, probe: str, args: list[str])
             "readinessProbe": {"tcpSocket": {"port": 8080}, "periodSeconds": 1}}]}})
 
 
-def _results(cluster: Cluster, namespace: str, pod: str, since: float) -> collections.Counter[str]:
+def _results(cluster: NodeCluster, namespace: str, pod: str, since: float) -> collections.Counter[str]:
     """ok/fail counts per target in the probe's log lines stamped at or after `since` (unix seconds)."""
     counts: collections.Counter[str] = collections.Counter()
     for line in cluster.kubectl("logs", "-n", namespace, pod).stdout.splitlines():
@@ -278,7 +278,7 @@ def proof(window: float = 8.0) -> int:
     kube-apiserver runs), refused, then let in by an ipBlock for its address. Prints what each phase saw;
     0 when each is as expected."""
     probe = probe_image()
-    with Cluster(2, images=[probe]) as cluster:
+    with NodeCluster(2, images=[probe]) as cluster:
         started = time.monotonic()
         enforcer = Enforcer(cluster).start()
         print(f"cluster up in {cluster.startup_seconds:.1f} s; {NAME} loaded and bound on "

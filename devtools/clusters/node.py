@@ -1,7 +1,7 @@
 """One real node of the node tier: its own network and mount namespace, containerd, kubelet and cgroups.
 
 The e2e tier has no kubelet, so the chart's Deployment, probes, Service and rollouts are only rendered
-there. The node tier runs them (`devtools.clusters.nodes.Cluster`, one or more of these `Host`s beside a control
+there. The node tier runs them (`devtools.clusters.nodes.NodeCluster`, one or more of these `Host`s beside a control
 plane): kubelet (built with the control plane, `scripts/build-controlplane.sh`), Debian's containerd,
 runc and CNI plugins (`make node-tools`), and the image `make image` builds, imported into containerd.
 
@@ -275,7 +275,7 @@ def alive(pids: set[int]) -> set[int]:
 class Host:
     """One node: a network and mount namespace with its bridge and uplink, containerd and kubelet on state
     of their own under `workdir`, pods under the cgroup root `cgroup_root`. Made and wired by
-    `devtools.clusters.nodes.Cluster`, which owns the control plane; the faults that concern the node as a machine
+    `devtools.clusters.nodes.NodeCluster`, which owns the control plane; the faults that concern the node as a machine
     (`kill`, `revive`, `restart_kubelet`, `restart_containerd`) are here.
 
     `labels` are added to the node's (`topology.kubernetes.io/zone`, zone-a for node 1, ...); kubelet sets
@@ -455,7 +455,7 @@ class Host:
     def revive(self) -> None:
         """The killed node back, as a machine powered on again: its network up, containerd and kubelet started
         on the state they left. containerd finds its containers dead, kubelet syncs its pods again (new
-        sandboxes, the containers restarted) and reports the node Ready (`Cluster.revive_node` waits)."""
+        sandboxes, the containers restarted) and reports the node Ready (`NodeCluster.revive_node` waits)."""
         self.uplink_up()
         self.start_containerd()
         self.start_kubelet()

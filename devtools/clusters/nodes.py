@@ -106,7 +106,7 @@ def delay_rules(ports: Sequence[int]) -> str:
     return f"table ip {DELAY_TABLE} {{\n  chain pre {{ type nat hook prerouting priority -100{rules}\n  }}\n}}\n"
 
 
-class Cluster:
+class NodeCluster:
     """The control plane in the fabric and `nodes` real nodes; single use, like ControlPlane.
 
     `labels[i]` are extra labels of node i+1 (e.g. `{"mthreads.com/gpu-node": "true"}`), beside its zone.
@@ -183,15 +183,15 @@ class Cluster:
 
     # lifecycle ---------------------------------------------------------------------------------------------
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> NodeCluster:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def start(self) -> Cluster:
+    def start(self) -> NodeCluster:
         if self.fabric is not None:
-            raise NodeError("a Cluster starts once; make a new one")
+            raise NodeError("a NodeCluster starts once; make a new one")
         bin_dir = binaries(self.version)
         if not os.access(bin_dir / "kubelet", os.X_OK):
             raise NodeError(f"{bin_dir} has no kubelet: run scripts/build-controlplane.sh")
@@ -586,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     stopping = threading.Event()
     for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(s, lambda *_: stopping.set())
-    cluster = Cluster(args.nodes)
+    cluster = NodeCluster(args.nodes)
     try:
         cluster.start()
         print(f"nodes {', '.join(cluster.names)} Ready in {cluster.startup_seconds:.1f}s", file=sys.stderr)

@@ -2,7 +2,7 @@
 `docker-registry` (the distribution registry) in the node tier's fabric namespace, on plain HTTP.
 
 Inside, it answers at `address` (the fabric's address, port 5000), which the nodes' containerd pulls from
-(`Cluster.trust_registry` writes their `hosts.toml`); here, at `local` (a loopback port leading in), which
+(`NodeCluster.trust_registry` writes their `hosts.toml`); here, at `local` (a loopback port leading in), which
 `make release` pushes to. The two names are one registry, as a mirror and its source are to a cluster.
 """
 

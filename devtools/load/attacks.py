@@ -193,7 +193,7 @@ async def _closed_within(reader: asyncio.StreamReader, seconds: float) -> bool:
 
 def review(mib: float = 0) -> bytes:
     """A slice pod's AdmissionReview, with about `mib` MiB of environment variables when asked."""
-    from devtools.cluster import pod, review_body
+    from devtools.gpus import pod, review_body
 
     obj = pod("slice")
     obj["spec"]["containers"][0]["env"] += [

@@ -2,7 +2,7 @@
 
 `tc qdisc ... netem delay` is the usual way, but a kernel built without `sch_netem` (and without `sch_fq`,
 whose departure times a BPF program could set, or `nfnetlink_queue` for a userspace queue) has none of
-them. What it has is nftables' NAT: `Cluster.delay_pod` redirects the connections that reach the pod's
+them. What it has is nftables' NAT: `NodeCluster.delay_pod` redirects the connections that reach the pod's
 `eth0` on the chosen ports to this relay, run inside the pod's network namespace, which connects to the same
 port on 127.0.0.1 (not redirected: the rule matches `eth0` only) and passes what the pod sends back `delay`
 seconds after it read it, in order, as netem on the pod's interface delays its egress. The handshake is

@@ -2,7 +2,7 @@
 
 The scale benchmark and the node-view tests need thousands of Nodes that cost what real ones cost:
 about 16 KB each as the API returns them (13 labels, 5 conditions, 40 images, nodeInfo, a taint,
-kubelet's managed fields), two thirds S5000 and one third S4000 (the models of devtools.cluster).
+kubelet's managed fields), two thirds S5000 and one third S4000 (the models of devtools.gpus).
 They are created the way kubelet does it: the Node, then its status subresource.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from devtools.cluster import S4000, S5000, ZONES, Model
+from devtools.gpus import S4000, S5000, ZONES, Model
 
 CONDITIONS = (("MemoryPressure", "False", "KubeletHasSufficientMemory"),
               ("DiskPressure", "False", "KubeletHasNoDiskPressure"),

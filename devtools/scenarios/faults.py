@@ -1,7 +1,7 @@
 """What a broken replica costs: slice pods created at 20 a second while one replica or its node fails.
 
 kube-apiserver calls a webhook once and never retries, so every call it sends to a replica that cannot
-answer is a refused pod creation. Each fault here is done to one replica of a `nodes.Cluster` (one replica
+answer is a refused pod creation. Each fault here is done to one replica of a `nodes.NodeCluster` (one replica
 per node, the chart installed), the one the API server's connections go to (`Faults.busiest`), while
 `traffic.creating` sends slice pods, and every creation's outcome is kept: how many were refused, over how
 long a window, and when the API server's view of the endpoint changed (the EndpointSlice, polled every
@@ -30,7 +30,7 @@ from typing import Any
 
 from devtools import paths
 from devtools.clusters import local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, Outcome, creating
 from hami_mt_webhook.service.peerview import CONDITION
 
@@ -100,7 +100,7 @@ def _kind(o: Outcome) -> str:
 class EndpointWatch:
     """The Service's EndpointSlices polled every 0.2 s: when each address was last seen ready."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(self, cluster: NodeCluster) -> None:
         self.cluster = cluster
         self.changes: list[tuple[float, dict[str, bool]]] = []
         self._stop = threading.Event()
@@ -154,16 +154,16 @@ class Fault:
 
     name: str
     seconds: float
-    act: Callable[[Cluster, str, str], None]
+    act: Callable[[NodeCluster, str, str], None]
 
 
-def _freeze(cluster: Cluster, pod: str, _node: str) -> None:
+def _freeze(cluster: NodeCluster, pod: str, _node: str) -> None:
     cluster.freeze_pod(NAMESPACE, pod)
     time.sleep(20)
     cluster.thaw_pod(NAMESPACE, pod)
 
 
-def _revive_later(cluster: Cluster, _pod: str, node: str) -> None:
+def _revive_later(cluster: NodeCluster, _pod: str, node: str) -> None:
     cluster.revive_node(node)
 
 
@@ -173,11 +173,11 @@ GRAY_SECONDS = 60.0
 #: Traffic after a gray fault heals, so the figures include the replica's return to the endpoints.
 GRAY_AFTER = 10.0
 
-Act = Callable[[Cluster, str, str], None]
+Act = Callable[[NodeCluster, str, str], None]
 
 
 def _lossy(percent: int, seconds: float) -> Act:
-    def act(cluster: Cluster, pod: str, _node: str) -> None:
+    def act(cluster: NodeCluster, pod: str, _node: str) -> None:
         cluster.lose_pod(NAMESPACE, pod, percent)
         try:
             time.sleep(seconds)
@@ -188,7 +188,7 @@ def _lossy(percent: int, seconds: float) -> Act:
 
 def _slow(delay: float, seconds: float) -> Act:
     """The pod's answers on each of its container ports (webhook, probe, metrics) held `delay` seconds."""
-    def act(cluster: Cluster, pod: str, _node: str) -> None:
+    def act(cluster: NodeCluster, pod: str, _node: str) -> None:
         ports = [p["containerPort"] for c in cluster.pod(NAMESPACE, pod)["spec"]["containers"]
                  for p in c.get("ports") or ()]
         cluster.delay_pod(NAMESPACE, pod, delay, ports)
@@ -238,7 +238,7 @@ FAULTS = {
 class Faults:
     """The chart on a cluster of 3 nodes, one replica each, and the faults measured on it."""
 
-    def __init__(self, cluster: Cluster, lt: LoopThread) -> None:
+    def __init__(self, cluster: NodeCluster, lt: LoopThread) -> None:
         self.cluster, self.lt = cluster, lt
         self._runs = 0
         #: The node `node killed` killed last: the one `node back` revives.
@@ -358,10 +358,10 @@ class Faults:
 
 
 @contextlib.contextmanager
-def cluster_with_chart(version: str | None, values: tuple[str, ...] = ()) -> Iterator[Cluster]:
+def cluster_with_chart(version: str | None, values: tuple[str, ...] = ()) -> Iterator[NodeCluster]:
     """3 nodes (the third labelled as a GPU node, as the vendor's device plugin labels them) and the chart
     installed with `values`, its replicas one per node."""
-    cluster = Cluster(3, version=version, labels=[{}, {}, {"mthreads.com/gpu-node": "true"}])
+    cluster = NodeCluster(3, version=version, labels=[{}, {}, {"mthreads.com/gpu-node": "true"}])
     try:
         cluster.start()
         local.install_chart_on_node(cluster, values=values)

@@ -31,7 +31,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 
 from devtools import paths
 from devtools.clusters import certmanager, local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, PodCreator, slice_pod
 from devtools.waiting import seconds_until
 
@@ -59,12 +59,12 @@ class RenewalError(RuntimeError):
 
 # what is there -------------------------------------------------------------------------------------------
 
-def secret_certificate(cluster: Cluster, secret: str, key: str = "tls.crt") -> x509.Certificate:
+def secret_certificate(cluster: NodeCluster, secret: str, key: str = "tls.crt") -> x509.Certificate:
     data = json.loads(cluster.kubectl("get", "secret", secret, "-n", NAMESPACE, "-o", "json").stdout)["data"]
     return x509.load_pem_x509_certificate(base64.b64decode(data[key]))
 
 
-def ca_bundles(cluster: Cluster) -> dict[str, list[x509.Certificate]]:
+def ca_bundles(cluster: NodeCluster) -> dict[str, list[x509.Certificate]]:
     """Every webhook's caBundle in this release's configurations, by `kind/name/webhook`."""
     out = {}
     for kind, name in CONFIGURATIONS:
@@ -75,13 +75,13 @@ def ca_bundles(cluster: Cluster) -> dict[str, list[x509.Certificate]]:
     return out
 
 
-def replicas(cluster: Cluster) -> list[dict[str, object]]:
+def replicas(cluster: NodeCluster) -> list[dict[str, object]]:
     pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
                                       "-o", "json").stdout)["items"]
     return [p for p in pods if p["status"].get("phase") == "Running"]
 
 
-def served_expiries(cluster: Cluster) -> dict[str, float]:
+def served_expiries(cluster: NodeCluster) -> dict[str, float]:
     """Each replica's `hami_mt_webhook_certificate_expiry_timestamp_seconds`: the certificate it serves."""
     out = {}
     for pod in replicas(cluster):
@@ -93,7 +93,7 @@ def served_expiries(cluster: Cluster) -> dict[str, float]:
     return out
 
 
-def issued_by_cert_manager(cluster: Cluster) -> bool:
+def issued_by_cert_manager(cluster: NodeCluster) -> bool:
     """Secret hami-mt-webhook-tls written by cert-manager for the serving Certificate (cainjector reads its
     ca.crt only then); False while it is the chart's own, or gone for a moment as Helm removes that one."""
     done = cluster.kubectl("get", "secret", SECRET, "-n", NAMESPACE, "-o",
@@ -101,14 +101,14 @@ def issued_by_cert_manager(cluster: Cluster) -> bool:
     return done.returncode == 0 and done.stdout.strip() == SERVING
 
 
-def restarts(cluster: Cluster) -> dict[str, int]:
+def restarts(cluster: NodeCluster) -> dict[str, int]:
     return {str(p["metadata"]["name"]): sum(c["restartCount"] for c in p["status"]["containerStatuses"])  # type: ignore
             for p in replicas(cluster)}
 
 
 # what is done --------------------------------------------------------------------------------------------
 
-def renew(cluster: Cluster, certificate: str) -> None:
+def renew(cluster: NodeCluster, certificate: str) -> None:
     """What `cmctl renew` does: an `Issuing=True` condition, reason ManuallyTriggered, on the status."""
     status = json.loads(cluster.kubectl("get", "certificate", certificate, "-n", NAMESPACE, "-o", "json").stdout)
     if any(c.get("type") == "Issuing" for c in status.get("status", {}).get("conditions", [])):
@@ -120,7 +120,7 @@ def renew(cluster: Cluster, certificate: str) -> None:
                     "-p", json.dumps([{"op": "add", "path": "/status/conditions/-", "value": condition}]))
 
 
-def reissue(cluster: Cluster, certificate: str, secret: str, timeout: float = 60.0) -> x509.Certificate:
+def reissue(cluster: NodeCluster, certificate: str, secret: str, timeout: float = 60.0) -> x509.Certificate:
     """Renew `certificate` and wait for the new one in `secret`."""
     before = secret_certificate(cluster, secret).serial_number
     renew(cluster, certificate)
@@ -129,19 +129,19 @@ def reissue(cluster: Cluster, certificate: str, secret: str, timeout: float = 60
     return secret_certificate(cluster, secret)
 
 
-def wait_served(cluster: Cluster, cert: x509.Certificate, timeout: float = SERVED_WITHIN) -> float:
+def wait_served(cluster: NodeCluster, cert: x509.Certificate, timeout: float = SERVED_WITHIN) -> float:
     """Seconds until every replica serves `cert` (its expiry metric is cert's notAfter)."""
     want = cert.not_valid_after_utc.timestamp()
     return seconds_until("every replica serving the renewed certificate",
                       lambda: all(abs(v - want) < 1 for v in served_expiries(cluster).values()), timeout, 2.0)
 
 
-def upgrade(cluster: Cluster, *values: str) -> None:
+def upgrade(cluster: NodeCluster, *values: str) -> None:
     local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE,
                "--reuse-values", *(a for v in values for a in ("--set", v)))
 
 
-def rotate_root(cluster: Cluster, say: Callable[[str], None]) -> None:
+def rotate_root(cluster: NodeCluster, say: Callable[[str], None]) -> None:
     """docs/operating.md, "Rotating the root", step by step."""
     old = secret_certificate(cluster, ROOT)
     new = reissue(cluster, ROOT, ROOT)                                   # 1. a new root; old kept
@@ -166,7 +166,7 @@ def rotate_root(cluster: Cluster, say: Callable[[str], None]) -> None:
     say(f"root rotation: the new root alone in every caBundle {seconds:.1f} s after removing the old one")
 
 
-def move_to_cert_manager(cluster: Cluster, say: Callable[[str], None]) -> None:
+def move_to_cert_manager(cluster: NodeCluster, say: Callable[[str], None]) -> None:
     """docs/upgrading.md, "to cert-manager" step by step, on a release installed with the chart's own CA."""
     old = secret_certificate(cluster, SECRET, "ca.crt")
     started = time.monotonic()
@@ -189,7 +189,7 @@ def move_to_cert_manager(cluster: Cluster, say: Callable[[str], None]) -> None:
         f"{time.monotonic() - started:.0f} s from the upgrade")
 
 
-def count_move_to_cert_manager(cluster: Cluster, lt: LoopThread) -> Counted:
+def count_move_to_cert_manager(cluster: NodeCluster, lt: LoopThread) -> Counted:
     """move_to_cert_manager under slice-pod traffic; the replicas' restarts must not change."""
     counted = Counted("certManager.enabled false -> true")
     before = restarts(cluster)
@@ -201,7 +201,7 @@ def count_move_to_cert_manager(cluster: Cluster, lt: LoopThread) -> Counted:
     return counted
 
 
-def drop_old_roots(cluster: Cluster, root: x509.Certificate) -> None:
+def drop_old_roots(cluster: NodeCluster, root: x509.Certificate) -> None:
     """Each webhook's caBundle set to `root` alone (docs/operating.md, step 4; the chart's own CA after the
     move to cert-manager): one JSON patch per configuration, so the API server never sees a configuration
     without a caBundle."""
@@ -231,7 +231,7 @@ class Counted:
 
 
 @contextmanager
-def traffic(cluster: Cluster, lt: LoopThread, namespace: str, counted: Counted) -> Iterator[PodCreator]:
+def traffic(cluster: NodeCluster, lt: LoopThread, namespace: str, counted: Counted) -> Iterator[PodCreator]:
     """Slice pods created at RATE until the block ends (then a few seconds more), each outcome counted."""
     cluster.kubectl("create", "namespace", namespace)
     creator = PodCreator(lt, cluster.controlplane.server, cluster.controlplane.workdir, namespace,
@@ -250,7 +250,7 @@ def traffic(cluster: Cluster, lt: LoopThread, namespace: str, counted: Counted) 
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-def self_signed_leaf(cluster: Cluster) -> None:
+def self_signed_leaf(cluster: NodeCluster) -> None:
     """The setup the chart had before: the serving certificate signed by the self-signed Issuer directly."""
     before = secret_certificate(cluster, SECRET).serial_number
     cluster.kubectl("patch", "certificate", SERVING, "-n", NAMESPACE, "--type=merge", "-p",
@@ -263,7 +263,7 @@ def self_signed_leaf(cluster: Cluster) -> None:
     wait_served(cluster, cert)
 
 
-def count_renewals(cluster: Cluster, lt: LoopThread, renewals: int = 3, root: bool = True,
+def count_renewals(cluster: NodeCluster, lt: LoopThread, renewals: int = 3, root: bool = True,
                    setup: str = "chain", say: Callable[[str], None] = print) -> Counted:
     """`renewals` renewals of the serving certificate in a row, then (with `root`) the root's rotation, under
     slice-pod traffic; the replicas' restarts must not change."""

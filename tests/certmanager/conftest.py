@@ -16,7 +16,7 @@ import pytest
 from devtools.builds import image
 from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters import certmanager, local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread
 from devtools.scenarios import renewals
 from tests.tiers import only_when_selected, report_measured
@@ -35,7 +35,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Iterator[NodeCluster]:
     """One node with cert-manager's images in its containerd, and cert-manager installed by its chart."""
     started = time.monotonic()
     try:
@@ -43,7 +43,7 @@ def cluster() -> Iterator[Cluster]:
     except (certmanager.CertManagerError, RuntimeError) as e:
         pytest.fail(f"cert-manager's images could not be built:\n{e}", pytrace=False)
     MEASURED.append(f"images ({', '.join(images)}) ready in {time.monotonic() - started:.1f} s")
-    n = Cluster(1, images=[image.reference(), *images])
+    n = NodeCluster(1, images=[image.reference(), *images])
     try:
         n.start()
     except (ControlPlaneError, RuntimeError) as e:
@@ -63,7 +63,7 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def moved(cluster: Cluster) -> renewals.Counted:
+def moved(cluster: NodeCluster) -> renewals.Counted:
     """The chart installed with its own CA (certManager.enabled=false), then moved to cert-manager on the live
     release as docs/upgrading.md, "to cert-manager" says, under slice-pod traffic: what happened to each pod."""
     try:
@@ -84,7 +84,7 @@ def moved(cluster: Cluster) -> renewals.Counted:
 
 
 @pytest.fixture(scope="session")
-def chart(cluster: Cluster, moved: renewals.Counted) -> Cluster:
+def chart(cluster: NodeCluster, moved: renewals.Counted) -> NodeCluster:
     """The chart with `certManager.enabled=true`, reached from its own CA on the live release (`moved`):
     3 replicas serving the certificate cert-manager issued from the chart's root."""
     return cluster

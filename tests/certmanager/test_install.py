@@ -11,14 +11,14 @@ from datetime import UTC, datetime
 import yaml
 from cryptography import x509
 
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 
 from .conftest import MEASURED
 
 NAMESPACE = "certmanager-test"
 
 
-def _apply(cluster: Cluster, *objects: dict[str, object]) -> None:
+def _apply(cluster: NodeCluster, *objects: dict[str, object]) -> None:
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objects))
 
 
@@ -28,21 +28,21 @@ def _certificate(name: str, issuer: dict[str, str], **spec: object) -> dict[str,
             "spec": {"secretName": name, "issuerRef": {"group": "cert-manager.io", **issuer}, **spec}}
 
 
-def _wait_ready(cluster: Cluster, name: str, timeout: int = 60) -> float:
+def _wait_ready(cluster: NodeCluster, name: str, timeout: int = 60) -> float:
     started = time.monotonic()
     cluster.kubectl("wait", f"certificate/{name}", "-n", NAMESPACE, "--for=condition=Ready",
                     f"--timeout={timeout}s", timeout=timeout + 10)
     return time.monotonic() - started
 
 
-def _secret_certs(cluster: Cluster, name: str) -> tuple[x509.Certificate, x509.Certificate]:
+def _secret_certs(cluster: NodeCluster, name: str) -> tuple[x509.Certificate, x509.Certificate]:
     """The Secret's tls.crt (the first certificate) and ca.crt."""
     data = json.loads(cluster.kubectl("get", "secret", name, "-n", NAMESPACE, "-o", "json").stdout)["data"]
     return (x509.load_pem_x509_certificates(base64.b64decode(data["tls.crt"]))[0],
             x509.load_pem_x509_certificate(base64.b64decode(data["ca.crt"])))
 
 
-def test_ca_chain_issues_and_renews_a_leaf(cluster: Cluster) -> None:
+def test_ca_chain_issues_and_renews_a_leaf(cluster: NodeCluster) -> None:
     cluster.kubectl("create", "namespace", NAMESPACE)
     started = time.monotonic()
     _apply(cluster,
@@ -94,7 +94,7 @@ def test_ca_chain_issues_and_renews_a_leaf(cluster: Cluster) -> None:
                     f"Secret in {renew_seconds:.1f} s")
 
 
-def test_each_component_leads_through_its_lease_and_never_restarted(cluster: Cluster) -> None:
+def test_each_component_leads_through_its_lease_and_never_restarted(cluster: NodeCluster) -> None:
     leases = cluster.kubectl("get", "leases", "-n", "kube-system", "-o", "name").stdout.split()
     assert {"lease.coordination.k8s.io/cert-manager-controller",
             "lease.coordination.k8s.io/cert-manager-cainjector-leader-election"} <= set(leases)

@@ -4,7 +4,7 @@ signing what every replica serves, is test_renewals' first test)."""
 
 from __future__ import annotations
 
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.scenarios import renewals
 
 
@@ -13,7 +13,7 @@ def test_the_move_refuses_no_pod(moved: renewals.Counted) -> None:
     assert moved.refused == []
 
 
-def test_cert_manager_issues_the_secret_and_its_root_alone_is_trusted(chart: Cluster) -> None:
+def test_cert_manager_issues_the_secret_and_its_root_alone_is_trusted(chart: NodeCluster) -> None:
     assert renewals.issued_by_cert_manager(chart)
     root = renewals.secret_certificate(chart, renewals.ROOT)
     assert {tuple(c.serial_number for c in certs) for certs in renewals.ca_bundles(chart).values()} == {

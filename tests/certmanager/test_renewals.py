@@ -12,7 +12,7 @@ import pytest
 
 from devtools import paths
 from devtools.clusters import local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread
 from devtools.scenarios import renewals
 from devtools.waiting import seconds_until
@@ -28,7 +28,7 @@ def lt() -> Iterator[LoopThread]:
     loop.close()
 
 
-def test_the_root_signs_the_serving_certificate_and_is_the_ca_bundle(chart: Cluster) -> None:
+def test_the_root_signs_the_serving_certificate_and_is_the_ca_bundle(chart: NodeCluster) -> None:
     root = renewals.secret_certificate(chart, renewals.ROOT)
     leaf = renewals.secret_certificate(chart, renewals.SECRET)
     assert signs(root, leaf)
@@ -40,7 +40,7 @@ def test_the_root_signs_the_serving_certificate_and_is_the_ca_bundle(chart: Clus
     assert all(abs(v - leaf.not_valid_after_utc.timestamp()) < 1 for v in served.values())
 
 
-def test_doctor_reads_cert_managers_view(chart: Cluster) -> None:
+def test_doctor_reads_cert_managers_view(chart: NodeCluster) -> None:
     done = subprocess.run([str(paths.REPO_ROOT / ".venv" / "bin" / "hami-mt-webhook"), "doctor", "--kubeconfig",
                            str(chart.kubeconfig), "-o", "json"], capture_output=True, text=True, timeout=120)
     assert done.returncode in (0, 1), done.stderr
@@ -54,7 +54,7 @@ def test_doctor_reads_cert_managers_view(chart: Cluster) -> None:
     assert all("next renewal" in f["message"] for f in ours)
 
 
-def test_three_renewals_and_a_root_rotation_refuse_no_pod(chart: Cluster, lt: LoopThread) -> None:
+def test_three_renewals_and_a_root_rotation_refuse_no_pod(chart: NodeCluster, lt: LoopThread) -> None:
     counted = renewals.count_renewals(chart, lt, renewals=3, root=True)
     MEASURED.append(counted.line())
     MEASURED.extend(counted.steps)
@@ -62,7 +62,7 @@ def test_three_renewals_and_a_root_rotation_refuse_no_pod(chart: Cluster, lt: Lo
     assert counted.refused == []
 
 
-def test_a_fresh_install_with_cert_manager_admits_from_its_first_replica(chart: Cluster, lt: LoopThread) -> None:
+def test_a_fresh_install_with_cert_manager_admits_from_its_first_replica(chart: NodeCluster, lt: LoopThread) -> None:
     """The README's install with `certManager.enabled=true` on a cluster without the chart: cainjector fills
     every caBundle from the first render (none is rendered), and slice pods are admitted once the replicas are
     Ready. Last in the tier: it removes the release the renewals ran on."""

@@ -18,7 +18,7 @@ import pytest
 from devtools.bench import cli, http, report, workload
 from devtools.bench.audit import slow_around_pass
 from devtools.bench.scale_rig import Pods
-from devtools.cluster import CONFIG, pod
+from devtools.gpus import CONFIG, pod
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.capacity import ClusterView
 

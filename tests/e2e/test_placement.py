@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools.cluster import HOSTNAME, S5000, ZONES
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.local import apply_nodes
+from devtools.gpus import HOSTNAME, S5000, ZONES
 from devtools.waiting import until
 
 from .support import running

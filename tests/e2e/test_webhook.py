@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools import cluster
+from devtools import gpus
 from devtools.clusters.local import apply_nodes
 from devtools.waiting import until
 
@@ -81,8 +81,8 @@ def test_multi_card_takes_whole_cards(controlplane, ns):
 def test_multi_card_takes_the_card_of_nodes_that_slice_enough_cards(controlplane, ns):
     """SPEC §3.5: a container's N cards come from one node, so C is taken over nodes that slice N or more."""
     pool = {"e2e-pool": "card-counts"}
-    many = cluster.Model("S4000x8", "MTT-S4000", cards=8, per_card=96, cpu="64", memory="512Gi")
-    one = cluster.Model("S5000x1", "MTT-S5000", cards=1, per_card=160, cpu="128", memory="1Ti")
+    many = gpus.Model("S4000x8", "MTT-S4000", cards=8, per_card=96, cpu="64", memory="512Gi")
+    one = gpus.Model("S5000x1", "MTT-S5000", cards=1, per_card=160, cpu="128", memory="1Ti")
     nodes = [m.node(f"e2e-{m.name.lower()}", {**m.labels(f"e2e-{m.name.lower()}"), **pool}) for m in (many, one)]
     apply_nodes(controlplane, nodes)
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from devtools.builds.binaries import ControlPlaneError
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread
 from devtools.scenarios.faults import Faults, cluster_with_chart
 from tests.tiers import only_when_selected, report_measured
@@ -34,7 +34,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Iterator[NodeCluster]:
     try:
         with cluster_with_chart(os.environ.get("HAMI_MT_KUBE_VERSION")) as c:
             MEASURED.append(f"Kubernetes {c.controlplane.git_version}: 3 nodes Ready {c.startup_seconds:.0f} s "
@@ -45,7 +45,7 @@ def cluster() -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="session")
-def faults(cluster: Cluster) -> Iterator[Faults]:
+def faults(cluster: NodeCluster) -> Iterator[Faults]:
     lt = LoopThread()
     try:
         yield Faults(cluster, lt)

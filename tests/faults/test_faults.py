@@ -16,7 +16,7 @@ from functools import partial
 
 import pytest
 
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.scenarios.faults import FAULTS, GRAY, Faults
 
 from .conftest import MEASURED
@@ -35,7 +35,7 @@ LEAVES_WITHIN = {"hang": 3.0, "cut": 3.0, "node": 3.0, "loss30": 10.0, "loss60":
 
 
 @pytest.mark.parametrize("key", list(FAULTS))
-def test_a_fault_costs_at_most_a_few_pods(cluster: Cluster, faults: Faults, key: str) -> None:
+def test_a_fault_costs_at_most_a_few_pods(cluster: NodeCluster, faults: Faults, key: str) -> None:
     result = faults.measure(key)
     MEASURED.append(result.line())
     assert result.refused <= MOST_REFUSED[key], result.line()
@@ -55,7 +55,7 @@ def test_a_fault_costs_at_most_a_few_pods(cluster: Cluster, faults: Faults, key:
         assert len(result.ratios) == 2 and min(result.ratios.values()) >= 0.25, result.line()
 
 
-def test_a_deployment_created_as_a_node_dies_is_whole_soon_after(cluster: Cluster, faults: Faults) -> None:
+def test_a_deployment_created_as_a_node_dies_is_whole_soon_after(cluster: NodeCluster, faults: Faults) -> None:
     """100 slice pods of a Deployment: the ReplicaSet controller retries what was refused. Beside the same
     without a fault, the time to all 100 pods."""
     calm = faults.deployment("calm")

@@ -30,7 +30,7 @@ from devtools import paths
 from devtools.clusters import local
 from devtools.clusters.netpol import Enforcer
 from devtools.clusters.node import FABRIC_IP
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load import attacks
 from devtools.load.traffic import LoopThread, Outcome, creating
 from devtools.scenarios.faults import RATE, EndpointWatch, Faults
@@ -95,7 +95,7 @@ def lt() -> Iterator[LoopThread]:
 
 
 def test_a_flood_from_one_pod_to_every_port_leaves_a_replica_serving(
-        cluster: Cluster, faults: Faults, lt: LoopThread, tmp_path: Path) -> None:
+        cluster: NodeCluster, faults: Faults, lt: LoopThread, tmp_path: Path) -> None:
     faults.settled()
     victim = faults.busiest()
     name, ip, node = victim["metadata"]["name"], victim["status"]["podIP"], victim["spec"]["nodeName"]
@@ -150,7 +150,7 @@ def test_a_flood_from_one_pod_to_every_port_leaves_a_replica_serving(
 
 
 @pytest.fixture(scope="module")
-def enforced(cluster: Cluster, faults: Faults) -> Iterator[Enforcer]:
+def enforced(cluster: NodeCluster, faults: Faults) -> Iterator[Enforcer]:
     """kube-network-policies on every node; on leaving, the policies off and it stopped (the table removed)."""
     faults.settled()
     enforcer = Enforcer(cluster).start()
@@ -163,7 +163,7 @@ def enforced(cluster: Cluster, faults: Faults) -> Iterator[Enforcer]:
 
 
 def test_the_policies_go_in_and_replicas_roll_and_crash_with_no_pod_refused(
-        cluster: Cluster, faults: Faults, enforced: Enforcer, lt: LoopThread) -> None:
+        cluster: NodeCluster, faults: Faults, enforced: Enforcer, lt: LoopThread) -> None:
     cp = cluster.controlplane
     with creating(cp, lt, "lockdown-install", RATE, 25) as installing:
         time.sleep(3)
@@ -188,7 +188,7 @@ def test_the_policies_go_in_and_replicas_roll_and_crash_with_no_pod_refused(
     assert crash.refused <= 2, crash.line()  # as without the policies (test_faults.MOST_REFUSED)
 
 
-def test_only_each_ports_caller_reaches_it(cluster: Cluster, faults: Faults, enforced: Enforcer) -> None:
+def test_only_each_ports_caller_reaches_it(cluster: NodeCluster, faults: Faults, enforced: Enforcer) -> None:
     faults.settled()
     replicas = {r["spec"]["nodeName"]: r["status"]["podIP"] for r in faults.replicas()}
     assert cluster.fabric is not None

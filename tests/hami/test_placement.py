@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from devtools import cluster
+from devtools import gpus
 from devtools.clusters import hami
 from devtools.clusters.controlplane import ControlPlane
 from devtools.waiting import until
@@ -36,8 +36,8 @@ EXPECT = "hami-tier/expect"
 #: One node per test: eight S5000 cards for the exclusive pods, eight for multi-card and shared-card pods,
 #: three for the pods that leave room on no card, and the S4000's one card.
 EXCLUSIVE, SHARED, SPLIT, S4000 = "hami-s5000-a", "hami-s5000-b", "hami-s5000-c", "hami-s4000"
-MODELS = {EXCLUSIVE: cluster.S5000, SHARED: cluster.S5000, SPLIT: dataclasses.replace(cluster.S5000, cards=3),
-          S4000: cluster.S4000}
+MODELS = {EXCLUSIVE: gpus.S5000, SHARED: gpus.S5000, SPLIT: dataclasses.replace(gpus.S5000, cards=3),
+          S4000: gpus.S4000}
 #: The allocation HAMi writes on the pod at filter time, one `;`-terminated list per container of
 #: `:`-terminated `uuid,type,MiB,cores` devices.
 ALLOCATED = "hami.io/mthreads-vgpu-devices-allocated"
@@ -71,7 +71,7 @@ def create(cp: ControlPlane, name: str, *limits: dict[str, Any], on: str, expect
     """Create a pod pinned to node `on`; `expect` (bound or pending) is what its node's room says. Returns
     the warnings."""
     manifest = pod(name, *limits, labels={EXPECT: expect}, nodeSelector={
-        cluster.PRODUCT: MODELS[on].product, cluster.HOSTNAME: on})
+        gpus.PRODUCT: MODELS[on].product, gpus.HOSTNAME: on})
     r = apply(cp, NS, manifest)
     assert r.returncode == 0, r.stderr
     return r.stderr

@@ -20,7 +20,7 @@ from devtools import paths
 from devtools.builds import image
 from devtools.builds.binaries import ControlPlaneError, pinned_versions
 from devtools.clusters import local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, creating
 from devtools.release import previous
 from tests.tiers import only_when_selected, report_measured
@@ -47,9 +47,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 
 @pytest.fixture(scope="session")
-def node() -> Iterator[Cluster]:
+def node() -> Iterator[NodeCluster]:
     started = time.monotonic()
-    n = Cluster(1, images=[image.reference(), previous.RELEASE.image])  # this tree's, and what it upgrades from
+    n = NodeCluster(1, images=[image.reference(), previous.RELEASE.image])  # this tree's, and what it upgrades from
     try:
         previous.build(previous.RELEASE)  # kept from `make previous`: a lookup
         n.start()
@@ -88,7 +88,7 @@ class Upgrade:
 UPGRADES: list[Upgrade] = []
 
 
-def upgrades_run(node: Cluster) -> bool:
+def upgrades_run(node: NodeCluster) -> bool:
     """The upgrades from the previous release (the chart's and the kustomize base's, about 2.5 minutes of the
     tier) run on the newest Kubernetes only: the floor's run of the tier installs this tree's chart, which
     keeps `make test` inside CI's 90 minutes."""
@@ -96,7 +96,7 @@ def upgrades_run(node: Cluster) -> bool:
 
 
 @pytest.fixture(scope="session")
-def chart(node: Cluster, lt: LoopThread) -> Iterator[Cluster]:
+def chart(node: NodeCluster, lt: LoopThread) -> Iterator[NodeCluster]:
     """The previous release's chart and image (`devtools.release.previous`) installed as the README's Install section
     says (`devtools.clusters.local.install_chart_on_node`, what `make run NODE=1` runs too), then `helm upgrade` to this
     tree's chart with the values it was installed with while RATE slice pods a second are created: the

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.waiting import until
 
 #: A TCP connect's outcome, printed by a Python run where the caller says (`connect`).
@@ -34,11 +34,11 @@ def connect(prefix: list[str], ip: str, port: int, timeout: float = 2.0) -> str:
     return done.stdout.strip()
 
 
-def in_pod(c: Cluster, namespace: str, name: str) -> list[str]:
+def in_pod(c: NodeCluster, namespace: str, name: str) -> list[str]:
     return ["nsenter", f"--net=/proc/{min(c.container_processes(namespace, name))}/ns/net", "--"]
 
 
-def pause_pod(c: Cluster, name: str, node: str, namespace: str = "default") -> str:
+def pause_pod(c: NodeCluster, name: str, node: str, namespace: str = "default") -> str:
     """A pod of the pause image on `node`, with a memory limit, Running; returns its name."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
            "spec": {"nodeSelector": {"kubernetes.io/hostname": node}, "terminationGracePeriodSeconds": 1,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devtools.clusters import local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.scenarios.faults import CONDITION
 from devtools.waiting import seconds_until
 
@@ -19,14 +19,14 @@ DEPLOYMENT = f"deployment/{local.RELEASE}"
 PROBE_PORT = 8080
 
 
-def replicas(node: Cluster, *, terminating: bool = False) -> list[dict[str, Any]]:
+def replicas(node: NodeCluster, *, terminating: bool = False) -> list[dict[str, Any]]:
     """The webhook's pods; those being deleted (still serving through their preStop) only if asked."""
     out = node.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
                        "-o", "json").stdout
     return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
-def ready(node: Cluster) -> list[str]:
+def ready(node: NodeCluster) -> list[str]:
     return sorted(p["metadata"]["name"] for p in replicas(node)
                   if any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])))
 
@@ -36,7 +36,7 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float = 180.0) -> fl
     return seconds_until(what, check, timeout)
 
 
-def rolled_out(node: Cluster) -> None:
+def rolled_out(node: NodeCluster) -> None:
     """The rollout done and the old replicas gone: until their preStop ends they still answer on the
     API server's kept-alive connections, with the old settings."""
     node.kubectl("rollout", "status", DEPLOYMENT, "-n", NAMESPACE, "--timeout=180s", timeout=200)
@@ -44,7 +44,7 @@ def rolled_out(node: Cluster) -> None:
              lambda: len(ready(node)) == 3 and len(replicas(node, terminating=True)) == 3)
 
 
-def failover(node: Cluster) -> dict[str, Any]:
+def failover(node: NodeCluster) -> dict[str, Any]:
     """Each replica's failover state: its readiness gate declared and True, and the peers its `/peers` says it
     hears and holds silent (`{name: {"gate": bool, "heard": [...], "silent": [...]}}`)."""
     state = {}
@@ -60,7 +60,7 @@ def failover(node: Cluster) -> dict[str, Any]:
     return state
 
 
-def failover_working(node: Cluster) -> bool:
+def failover_working(node: NodeCluster) -> bool:
     """Every replica gated, hearing every other one and holding none silent."""
     state = failover(node)
     return len(state) == local.REPLICAS and all(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from devtools.clusters import local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 
 from .conftest import MEASURED, NAMESPACE
 
@@ -16,7 +16,7 @@ SLICE_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slice"},
                             "mthreads.com/sgpu-core": "8"}}}]}}
 
 
-def test_three_replicas_ready_behind_the_service(chart: Cluster) -> None:
+def test_three_replicas_ready_behind_the_service(chart: NodeCluster) -> None:
     pods = json.loads(chart.kubectl("get", "pods", "-n", NAMESPACE, "-o", "json").stdout)["items"]
     running = [p for p in pods if p["status"]["phase"] == "Running"]
     assert len(running) == 3
@@ -32,7 +32,7 @@ def test_three_replicas_ready_behind_the_service(chart: Cluster) -> None:
     assert addresses == {p["status"]["podIP"] for p in running}
 
 
-def test_replica_memory(chart: Cluster) -> None:
+def test_replica_memory(chart: NodeCluster) -> None:
     """Each replica's working set, from kubelet's summary: more than nothing, within the chart's limit."""
     memory = chart.pod_memory(NAMESPACE)
     assert len(memory) == 3
@@ -41,7 +41,7 @@ def test_replica_memory(chart: Cluster) -> None:
         assert 0 < used < 256 * 2**20
 
 
-def test_slice_pod_is_mutated_through_the_service(chart: Cluster) -> None:
+def test_slice_pod_is_mutated_through_the_service(chart: NodeCluster) -> None:
     chart.kubectl("create", "namespace", "team-node")
     try:
         done = chart.kubectl("create", "-n", "team-node", "-f", "-", "-o", "json", input=json.dumps(SLICE_POD))

@@ -8,10 +8,10 @@ import time
 
 from devtools import pki
 from devtools.clusters.node import BRIDGE, FABRIC_IP, UPLINK
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 
 
-def test_node_is_ready_at_its_own_address(node: Cluster) -> None:
+def test_node_is_ready_at_its_own_address(node: NodeCluster) -> None:
     host = node.hosts[0]
     got = json.loads(node.kubectl("get", "node", host.name, "-o", "json").stdout)
     ready = [c["status"] for c in got["status"]["conditions"] if c["type"] == "Ready"]
@@ -22,7 +22,7 @@ def test_node_is_ready_at_its_own_address(node: Cluster) -> None:
     assert got["metadata"]["labels"]["topology.kubernetes.io/zone"] == "zone-a"
 
 
-def test_addresses_exist_only_inside(node: Cluster) -> None:
+def test_addresses_exist_only_inside(node: NodeCluster) -> None:
     """The bridge and the node IP are in the node's namespace, the cluster IP and the control plane's address
     in the fabric's, and nowhere else; no route leads out of either."""
     host = node.hosts[0]
@@ -37,7 +37,7 @@ def test_addresses_exist_only_inside(node: Cluster) -> None:
     assert f"{pki.SERVICE_CIDR} via {FABRIC_IP} dev {UPLINK}" in host.inside("ip", "route").stdout
 
 
-def test_a_pod_of_the_pause_image_runs(node: Cluster) -> None:
+def test_a_pod_of_the_pause_image_runs(node: NodeCluster) -> None:
     """The sandbox image and the import path work on their own: a pod of the pause image is Running."""
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pause", "namespace": "default"},
            "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}],

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from devtools.clusters.node import hierarchies, own_memory_cgroup
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 
 
@@ -31,7 +31,7 @@ def snapshot() -> dict[str, set[str]]:
 
 def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
     before = snapshot()
-    node = Cluster(1, images=())
+    node = NodeCluster(1, images=())
     node.start()
     try:
         workdir = node.workdir
@@ -77,8 +77,8 @@ def _cmdline(pid: str) -> str:
 
 KILLED_RUN = """
 import json, sys, time
-from devtools.clusters.nodes import Cluster
-node = Cluster(2, images=())
+from devtools.clusters.nodes import NodeCluster
+node = NodeCluster(2, images=())
 node.start()
 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
        "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}

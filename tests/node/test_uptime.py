@@ -26,7 +26,7 @@ import yaml
 
 from devtools import paths
 from devtools.clusters import local, manifests
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, PodCreator, creating
 from hami_mt_webhook import __version__
 from hami_mt_webhook.service import certs
@@ -47,7 +47,7 @@ TAIL = 8.0
 
 
 @contextmanager
-def load(node: Cluster, lt: LoopThread, what: str, seconds: float) -> Iterator[PodCreator]:
+def load(node: NodeCluster, lt: LoopThread, what: str, seconds: float) -> Iterator[PodCreator]:
     """Slice pods created at RATE in a namespace of their own while the block runs and TAIL seconds after,
     `seconds` at the most; on leaving, every creation must have succeeded, and no replica may have restarted
     or logged a traceback."""
@@ -66,7 +66,7 @@ def load(node: Cluster, lt: LoopThread, what: str, seconds: float) -> Iterator[P
     assert_replicas_healthy(node)
 
 
-def verdicts(node: Cluster) -> list[str]:
+def verdicts(node: NodeCluster) -> list[str]:
     """The failover verdicts the replicas logged: what took a replica out of the endpoints, and when."""
     lines = []
     for p in replicas(node, terminating=True):
@@ -75,7 +75,7 @@ def verdicts(node: Cluster) -> list[str]:
     return lines
 
 
-def assert_replicas_healthy(node: Cluster) -> None:
+def assert_replicas_healthy(node: NodeCluster) -> None:
     """No replica restarted by kubelet, and none logged a traceback."""
     for p in replicas(node):
         name = p["metadata"]["name"]
@@ -85,18 +85,18 @@ def assert_replicas_healthy(node: Cluster) -> None:
         assert "Traceback" not in logs, f"{name}:\n{logs[-3000:]}"
 
 
-def replica_metric(node: Cluster, pod_name: str, metric: str) -> float | None:
+def replica_metric(node: NodeCluster, pod_name: str, metric: str) -> float | None:
     text = node.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod_name}:9090/proxy/metrics",
                         check=False).stdout
     found = re.search(rf"^{re.escape(metric)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
     return float(found.group(1)) if found else None
 
 
-def helm(node: Cluster, *args: str) -> None:
+def helm(node: NodeCluster, *args: str) -> None:
     local.helm(node.controlplane, *args)
 
 
-def test_helm_upgrade_from_the_previous_release_loses_no_pod(chart: Cluster) -> None:
+def test_helm_upgrade_from_the_previous_release_loses_no_pod(chart: NodeCluster) -> None:
     """The chart fixture installed the previous release's chart and image, then ran `helm upgrade` to this
     tree's chart under RATE slice pods a second: every creation succeeded, every replica runs the new image,
     and failover works afterwards (each replica gated by its condition and hearing the others)."""
@@ -111,7 +111,7 @@ def test_helm_upgrade_from_the_previous_release_loses_no_pod(chart: Cluster) -> 
     assert_replicas_healthy(chart)
 
 
-def test_rollout_restart_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
+def test_rollout_restart_loses_no_pod(chart: NodeCluster, lt: LoopThread) -> None:
     before = set(ready(chart))
     with load(chart, lt, "kubectl rollout restart", 40):
         time.sleep(3)
@@ -120,7 +120,7 @@ def test_rollout_restart_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     assert not before & set(ready(chart)), "every replica was replaced"
 
 
-def test_a_deleted_replica_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
+def test_a_deleted_replica_loses_no_pod(chart: NodeCluster, lt: LoopThread) -> None:
     victim = ready(chart)[0]
     with load(chart, lt, "kubectl delete pod", 30):
         time.sleep(3)
@@ -131,7 +131,7 @@ def test_a_deleted_replica_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
     assert victim not in ready(chart)
 
 
-def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
+def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: NodeCluster, lt: LoopThread) -> None:
     """One node holds all three replicas: the drain evicts two (the replacements cannot be placed on the
     cordoned node) and the PodDisruptionBudget refuses the third, so one replica always answers."""
     node_name = chart.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
@@ -149,7 +149,7 @@ def test_a_drain_respects_the_disruption_budget_and_loses_no_pod(chart: Cluster,
     MEASURED.append(f"drain: {fewest} replica(s) Ready at its end, the budget refused the last eviction")
 
 
-def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Cluster, lt: LoopThread) -> None:
+def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: NodeCluster, lt: LoopThread) -> None:
     mixed = pod("mixed", {VGPU: 1, WHOLE: 1})
     with load(chart, lt, "helm upgrade --set enforcement=warn and back", 60):
         time.sleep(3)
@@ -169,7 +169,8 @@ def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: Cluster, l
         chart.kubectl("delete", "namespace", ns, "--wait=false")
 
 
-def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(chart: Cluster, lt: LoopThread) -> None:
+def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(chart: NodeCluster,
+                                                                                lt: LoopThread) -> None:
     """A renewal to a new CA, done in the order that keeps every call trusted: the webhook configurations
     trust the old and the new CA, the Secret is replaced (kubelet swaps the mounted files through
     `..data`), every replica serves the new certificate without a restart, then only the new CA is
@@ -198,7 +199,7 @@ def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(ch
     assert ready(chart) == names, "the replicas were restarted"
 
 
-def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(chart: Cluster) -> None:
+def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(chart: NodeCluster) -> None:
     ns = "outage"
     chart.kubectl("create", "namespace", ns)
     try:
@@ -222,7 +223,7 @@ def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(
     assert_replicas_healthy(chart)
 
 
-def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Cluster) -> None:
+def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: NodeCluster) -> None:
     assert_replicas_healthy(chart)
     helm(chart, "uninstall", local.RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
     for kind, name in CONFIGS:
@@ -242,7 +243,7 @@ def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: Cluster) -> 
     assert created["spec"].get("schedulerName") == "default-scheduler"
 
 
-def set_ca_bundle(node: Cluster, bundle: bytes) -> None:
+def set_ca_bundle(node: NodeCluster, bundle: bytes) -> None:
     encoded = b64(bundle)
     for kind, name in CONFIGS:
         hooks = json.loads(node.kubectl("get", kind, name, "-o", "json").stdout)["webhooks"]
@@ -255,7 +256,7 @@ def b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def test_from_the_kustomize_base_to_the_chart_loses_no_pod(chart: Cluster, lt: LoopThread, tmp_path: Path) -> None:
+def test_from_the_kustomize_base_to_the_chart_loses_no_pod(chart: NodeCluster, lt: LoopThread, tmp_path: Path) -> None:
     """The kustomize base installed as the README says (its certificate from `hami-mt-webhook certs`), then
     adopted by the chart under RATE slice pods a second, as docs/upgrading.md says: every object labelled and
     annotated as Helm's own, the TLS Secret included, then `helm upgrade --install`. The chart reads that
@@ -309,7 +310,7 @@ def image_overlay(dest: Path) -> Path:
     return dest / "overlay"
 
 
-def ca_bundles(node: Cluster) -> dict[str, str]:
+def ca_bundles(node: NodeCluster) -> dict[str, str]:
     """Each webhook's caBundle, by configuration and webhook name."""
     found = {}
     for kind, name in CONFIGS:

@@ -23,7 +23,7 @@ import pytest
 from devtools import paths, release
 from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters import local
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.clusters.registry import Registry, RegistryError
 from tests.tiers import only_when_selected, report_measured
 
@@ -43,7 +43,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 class Published:
     """The cluster, its registry, and what `make release` published to it."""
 
-    cluster: Cluster
+    cluster: NodeCluster
     registry: Registry
     dist: Path
     key: Path
@@ -83,7 +83,7 @@ def published(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Published]:
     key = key_pair(tools, work / "key")
     other = key_pair(tools, work / "other-key")
     started = time.monotonic()
-    cluster = Cluster(1, images=[])  # nothing imported: the node pulls the release from the registry
+    cluster = NodeCluster(1, images=[])  # nothing imported: the node pulls the release from the registry
     try:
         cluster.start()
         assert cluster.fabric is not None

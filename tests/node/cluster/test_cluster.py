@@ -1,6 +1,6 @@
 """Three real nodes, each a machine of its own, and the faults that happen to machines and to pods.
 
-The cluster (`devtools.clusters.nodes.Cluster`) and the chart on it serve this module only: it is torn down before
+The cluster (`devtools.clusters.nodes.NodeCluster`) and the chart on it serve this module only: it is torn down before
 the one-node tier starts (this directory is collected before the tier's other modules), so the machine
 never runs both. The faults are checked for what they are meant to do, at the kernel's level and as the
 API server sees it; what a fault costs the webhook is measured elsewhere, with the same methods.
@@ -19,7 +19,7 @@ import pytest
 from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters import local
 from devtools.clusters.node import ZONE_LABEL, process_state
-from devtools.clusters.nodes import Cluster
+from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, creating
 from devtools.waiting import until
 from tests.node.pods import connect, in_pod, pause_pod
@@ -28,8 +28,8 @@ from ..conftest import MEASURED, NAMESPACE
 
 GPU_NODE = "mthreads.com/gpu-node"
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    c = Cluster(3, labels=[{}, {}, {GPU_NODE: "true"}])
+def cluster() -> Iterator[NodeCluster]:
+    c = NodeCluster(3, labels=[{}, {}, {GPU_NODE: "true"}])
     try:
         try:
             c.start()
@@ -51,7 +51,7 @@ def lt() -> Iterator[LoopThread]:
     loop.close()
 
 
-def replicas(c: Cluster) -> dict[str, dict[str, Any]]:
+def replicas(c: NodeCluster) -> dict[str, dict[str, Any]]:
     """The chart's pods by node, those being deleted left out."""
     out = c.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook", "-o", "json")
     pods = [p for p in json.loads(out.stdout)["items"] if not p["metadata"].get("deletionTimestamp")]
@@ -62,12 +62,12 @@ def ready(pod: dict[str, Any]) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
 
 
-def fabric(c: Cluster) -> list[str]:
+def fabric(c: NodeCluster) -> list[str]:
     assert c.fabric is not None
     return c.fabric.prefix
 
 
-def test_three_nodes_ready_each_in_its_zone(cluster: Cluster) -> None:
+def test_three_nodes_ready_each_in_its_zone(cluster: NodeCluster) -> None:
     nodes = cluster.nodes()
     assert sorted(nodes) == ["hmw-node-1", "hmw-node-2", "hmw-node-3"]
     assert [nodes[n]["metadata"]["labels"][ZONE_LABEL] for n in sorted(nodes)] == ["zone-a", "zone-b", "zone-c"]
@@ -77,7 +77,7 @@ def test_three_nodes_ready_each_in_its_zone(cluster: Cluster) -> None:
         assert {"type": "InternalIP", "address": host.ip} in nodes[host.name]["status"]["addresses"]
 
 
-def test_one_replica_per_node_each_reached_by_the_api_server(cluster: Cluster) -> None:
+def test_one_replica_per_node_each_reached_by_the_api_server(cluster: NodeCluster) -> None:
     placed = replicas(cluster)
     assert sorted(placed) == cluster.names and all(ready(p) for p in placed.values())
     for node, pod in placed.items():
@@ -87,7 +87,7 @@ def test_one_replica_per_node_each_reached_by_the_api_server(cluster: Cluster) -
         assert "hami_mt_webhook" in metrics.stdout
 
 
-def test_a_pod_on_node_1_reaches_a_pod_on_node_3_by_ip(cluster: Cluster) -> None:
+def test_a_pod_on_node_1_reaches_a_pod_on_node_3_by_ip(cluster: NodeCluster) -> None:
     placed = replicas(cluster)
     source = placed["hmw-node-1"]["metadata"]["name"]
     target = placed["hmw-node-3"]["status"]["podIP"]
@@ -95,7 +95,7 @@ def test_a_pod_on_node_1_reaches_a_pod_on_node_3_by_ip(cluster: Cluster) -> None
     assert connect(in_pod(cluster, NAMESPACE, source), target, 1) == "refused"  # its kernel answers
 
 
-def test_freeze_and_thaw_a_container(cluster: Cluster) -> None:
+def test_freeze_and_thaw_a_container(cluster: NodeCluster) -> None:
     name = pause_pod(cluster, "frozen", "hmw-node-1")
     pids = cluster.freeze_pod("default", name)
     assert pids and all(process_state(p) == "T" for p in pids)
@@ -103,7 +103,7 @@ def test_freeze_and_thaw_a_container(cluster: Cluster) -> None:
     assert all(process_state(p) in "RS" for p in pids)
 
 
-def test_a_killed_container_is_restarted_by_kubelet(cluster: Cluster) -> None:
+def test_a_killed_container_is_restarted_by_kubelet(cluster: NodeCluster) -> None:
     name = pause_pod(cluster, "killed", "hmw-node-2")
     cluster.kill_pod("default", name)
     status = until("the container restarted", lambda: (s := cluster.container_status("default", name))
@@ -111,14 +111,14 @@ def test_a_killed_container_is_restarted_by_kubelet(cluster: Cluster) -> None:
     assert status["lastState"]["terminated"]["exitCode"] == 137
 
 
-def test_an_oom_kill_under_the_container_limit_is_reported_as_oomkilled(cluster: Cluster) -> None:
+def test_an_oom_kill_under_the_container_limit_is_reported_as_oomkilled(cluster: NodeCluster) -> None:
     name = pause_pod(cluster, "oom", "hmw-node-2")
     terminated = cluster.oom_kill_pod("default", name)
     assert terminated["reason"] == "OOMKilled", terminated
     assert terminated["exitCode"] == 137
 
 
-def test_a_cut_pod_is_silent_both_ways_until_restored(cluster: Cluster) -> None:
+def test_a_cut_pod_is_silent_both_ways_until_restored(cluster: NodeCluster) -> None:
     pod = replicas(cluster)["hmw-node-2"]
     name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
     other = in_pod(cluster, NAMESPACE, replicas(cluster)["hmw-node-1"]["metadata"]["name"])
@@ -133,7 +133,7 @@ def test_a_cut_pod_is_silent_both_ways_until_restored(cluster: Cluster) -> None:
     until("the restored pod answers", lambda: connect(fabric(cluster), ip, 9090) == "connected", 30)
 
 
-def test_restarting_kubelet_and_containerd_keeps_the_pods_running(cluster: Cluster) -> None:
+def test_restarting_kubelet_and_containerd_keeps_the_pods_running(cluster: NodeCluster) -> None:
     before = cluster.container_status("default", "frozen")
     host = cluster.host("hmw-node-1")
     old = (host.kubelet.pid if host.kubelet else 0, host.containerd.pid if host.containerd else 0)
@@ -148,7 +148,7 @@ def test_restarting_kubelet_and_containerd_keeps_the_pods_running(cluster: Clust
     assert after["state"].get("running")
 
 
-def test_a_killed_node_goes_silent_without_a_goodbye_and_comes_back(cluster: Cluster, lt: LoopThread) -> None:
+def test_a_killed_node_goes_silent_without_a_goodbye_and_comes_back(cluster: NodeCluster, lt: LoopThread) -> None:
     name = "hmw-node-3"
     host = cluster.host(name)
     pod = replicas(cluster)[name]
@@ -180,7 +180,7 @@ def test_a_killed_node_goes_silent_without_a_goodbye_and_comes_back(cluster: Clu
     until("the replica on the revived node Ready", lambda: ready(replicas(cluster).get(name, {"status": {}})), 120)
 
 
-def test_stop_after_a_kill_and_a_revive_leaves_nothing(cluster: Cluster) -> None:
+def test_stop_after_a_kill_and_a_revive_leaves_nothing(cluster: NodeCluster) -> None:
     workdir = cluster.workdir
     cluster.stop()
     assert cluster.leftovers() == {"mounts": [], "cgroups": [], "processes": [], "files": []}
