@@ -4,7 +4,7 @@ and the webhook as kube-apiserver measures it.
     python -m devtools.bench                          # every part, 10 s per load point
     python -m devtools.bench --quick --skip-apiserver # 2 s per point, no control plane
     python -m devtools.bench --write docs/PERFORMANCE.md
-    python -m devtools.bench --parts peers --write docs/PERFORMANCE.md  # the other parts' sections kept
+    python -m devtools.bench --parts hami --write docs/PERFORMANCE.md  # the other parts' sections kept
 
 It prints figures and asserts nothing: a benchmark, not a timed test. Only 127.0.0.1 is contacted.
 Servers run pinned to one CPU and the load generator to another (`taskset`), so on a 2-core machine
@@ -24,7 +24,7 @@ Parts (`--parts`):
   soak       the webhook's memory over minutes of steady reviews (10 by default)
   audit      the background audit at 10,000 nodes and 50,000 pods: a full pass, its requests, the replica's
              memory, admission while passes run (beside the same replica without the audit)
-  peers      HAMi's own webhook beside this one, over loopback and through kube-apiserver (needs a HAMi
+  hami       HAMi's own webhook beside this one, over loopback and through kube-apiserver (needs a HAMi
              source tree in $HAMI_MT_HAMI_SOURCE, and Go; skipped without)
 """
 
@@ -52,7 +52,7 @@ PARTS = {
     "hops": "devtools.bench.hops",
     "soak": "devtools.bench.soak",
     "audit": "devtools.bench.audit",
-    "peers": "devtools.bench.peers",
+    "hami": "devtools.bench.beside_hami",
 }
 
 

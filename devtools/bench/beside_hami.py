@@ -1,4 +1,4 @@
-"""Part `peers`: HAMi's own webhook beside this one, in the same harness, on the same bodies.
+"""Part `hami`: HAMi's own webhook beside this one, in the same harness, on the same bodies.
 
 HAMi's webhook is built from a HAMi source tree the developer fetched (`$HAMI_MT_HAMI_SOURCE`, see
 `devtools.clusters.hami`): this project's small Go main around HAMi's `routes.WebHookRoute()`, served over TLS the way
@@ -49,7 +49,7 @@ HAMI_ARGS = ("--debug", "-v=4")
 #: The kinds of the mix both webhooks admit; HAMi errs on `snap` and admits `denied`.
 BOTH_ADMIT = ("slice", "exclusive", "multi-card")
 #: The configurations of the kube-apiserver half, each scoped to its namespace (hops.LABEL=<name>).
-PEERS = ("ours", "hami")
+WEBHOOKS = ("ours", "hami")
 SHOWN = {"ours": "this webhook", "hami": "HAMi", "webhook": "this webhook", "baseline": "baseline"}
 #: The name HAMi's chart gives its webhook; kube-apiserver labels the call metric with it.
 HAMI_HOOK = "vgpu.hami.io"
@@ -73,7 +73,7 @@ class HamiWebhook(Process):
 
 def skipped(message: str) -> Section:
     """The part's section when there is no HAMi to build: what it needs, instead of figures."""
-    print(f"[peers] skipped: {message}", flush=True)
+    print(f"[hami] skipped: {message}", flush=True)
     return Section(TITLE, [f"Skipped: {message}"], skipped=True)
 
 
@@ -92,7 +92,7 @@ def hami_configuration(url: str, ca_bundle: bytes, timeout: int) -> dict[str, An
     ignore = {"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}
     return {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": "hami-webhook-peers"},
+        "metadata": {"name": "hami-webhook-beside"},
         "webhooks": [{
             "name": HAMI_HOOK, "admissionReviewVersions": ["v1", "v1beta1"],
             "clientConfig": {"url": url, "caBundle": base64.b64encode(ca_bundle).decode()},
@@ -108,16 +108,16 @@ def hami_configuration(url: str, ca_bundle: bytes, timeout: int) -> dict[str, An
 
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
-    """The part as `python -m devtools.bench --parts peers` runs it."""
+    """The part as `python -m devtools.bench --parts hami` runs it."""
     try:
         src = hami.tree()
-        print(f"[peers] building HAMi's webhook from {src.path} ({src.label}) ...", flush=True)
+        print(f"[hami] building HAMi's webhook from {src.path} ({src.label}) ...", flush=True)
         started = time.perf_counter()
         binary = hami.build_webhook(src)
-        print(f"[peers] built in {time.perf_counter() - started:.1f} s: {binary}", flush=True)
+        print(f"[hami] built in {time.perf_counter() - started:.1f} s: {binary}", flush=True)
     except hami.Missing as exc:
         return skipped(str(exc))
-    here = workdir / "peers"
+    here = workdir / "hami"
     here.mkdir(parents=True, exist_ok=True)
     sec = Section(TITLE)
     sec.lines += [
@@ -140,7 +140,7 @@ def _loopback(opts: argparse.Namespace, workdir: Path, here: Path, binary: Path,
     layout = certs.ensure(here / "certs", ips=("127.0.0.1",))
     harness = Harness.detect(opts, here, layout.ca_cert)
     pin = harness.pin
-    print(f"[peers] load generator: {harness.tool}; {pin.note}", flush=True)
+    print(f"[hami] load generator: {harness.tool}; {pin.note}", flush=True)
     tree = webhook_tree(opts, workdir)  # the installed wheel, shared with the other parts of the run
     servers: list[Process] = []
     try:
@@ -151,7 +151,7 @@ def _loopback(opts: argparse.Namespace, workdir: Path, here: Path, binary: Path,
                               tree=REPO_ROOT))
         answers = {s.name: [post_once(s.port, body, layout.ca_cert, s.path) for body in harness.payloads]
                    for s in servers}
-        results = harness.interleaved(servers, opts.connections, opts.duration, "peers")
+        results = harness.interleaved(servers, opts.connections, opts.duration, "hami")
         rss = {s.name: s.peak_rss_mib() for s in servers}
     finally:
         for s in servers:
@@ -224,7 +224,7 @@ def _message(answer: dict[str, Any]) -> str:
 # --- through kube-apiserver ------------------------------------------------------------------------------
 
 
-def peer_body(index: int, ns: str) -> bytes:
+def pod_body(index: int, ns: str) -> bytes:
     """The pods of the rounds: the kinds both webhooks admit, in turn."""
     kind = BOTH_ADMIT[index % len(BOTH_ADMIT)]
     return orjson.dumps(pod(kind, f"{kind}-{index:05d}", ns))
@@ -247,7 +247,7 @@ def _through_apiserver(opts: argparse.Namespace, here: Path, binary: Path, sec: 
 
     nodes = cluster(opts.s5000, opts.s4000)
     rounds, pods = opts.hops_rounds, max(1, opts.pods // opts.hops_rounds)
-    print(f"[peers] starting etcd and kube-apiserver; {rounds} rounds of {pods} pods per webhook at "
+    print(f"[hami] starting etcd and kube-apiserver; {rounds} rounds of {pods} pods per webhook at "
           f"{opts.rate:g}/s ...", flush=True)
     load_start = loadavg()
     with ControlPlane(workdir=here / "controlplane") as cp:
@@ -257,46 +257,46 @@ def _through_apiserver(opts: argparse.Namespace, here: Path, binary: Path, sec: 
         hops.install_scoped(cp, hook, ("ours",))
         asyncio.run(create_nodes(cp, nodes))
         hook.start()
-        peer: HamiWebhook | None = None
+        theirs: HamiWebhook | None = None
         try:
-            peer = HamiWebhook(binary, hook.certs, here, (), name="hami-apiserver")  # unpinned, like ours
-            config = hami_configuration(peer.url + HAMI_PATH, hook.certs.bundle.read_bytes(),
+            theirs = HamiWebhook(binary, hook.certs, here, (), name="hami-apiserver")  # unpinned, like ours
+            config = hami_configuration(theirs.url + HAMI_PATH, hook.certs.bundle.read_bytes(),
                                         shipped_timeout(manifests.load()))
             cp.kubectl("apply", "-f", "-", input=yaml.safe_dump(config))
-            namespaces = {c: hops.scoped_namespace(cp, f"peers-{c}", c) for c in PEERS}
+            namespaces = {c: hops.scoped_namespace(cp, f"beside-{c}", c) for c in WEBHOOKS}
             driven = asyncio.run(_drive(cp, namespaces, rounds, pods, opts.rate))
         finally:
-            if peer is not None:
-                peer.stop()
+            if theirs is not None:
+                theirs.stop()
             hook.stop()
     _apiserver_report(driven, version, len(nodes), rounds, pods, opts.rate, load_start, sec)
 
 
 async def _drive(cp: Any, namespaces: dict[str, str], rounds: int, pods: int, rate: float) -> Driven:
     async with admin_session(cp) as api:
-        driver = hops.Driver(api, peer_body)
+        driver = hops.Driver(api, pod_body)
 
         async def acts(config: str, ns: str) -> bool:
             status, _, body = await driver.create(ns, dry_run=True)
             return hops.mutated(status, body)
 
-        await hops.until_active(namespaces, acts, "peers")
+        await hops.until_active(namespaces, acts, "hami")
         for ns in namespaces.values():  # warm-up: connections to the webhooks, caches
             await driver.batch(ns, 10, rate, hops.Tally())
         tallies = {c: hops.Tally() for c in namespaces}
         before = await driver.metrics()
         for r in range(rounds):
-            for config in (PEERS if r % 2 == 0 else tuple(reversed(PEERS))):
+            for config in (WEBHOOKS if r % 2 == 0 else tuple(reversed(WEBHOOKS))):
                 await driver.batch(namespaces[config], pods, rate, tallies[config])
-            print(f"[peers] round {r + 1}/{rounds}: " + ", ".join(
-                f"{SHOWN[c]} {tallies[c].batches[-1]:.2f} ms admission per pod" for c in PEERS), flush=True)
+            print(f"[hami] round {r + 1}/{rounds}: " + ", ".join(
+                f"{SHOWN[c]} {tallies[c].batches[-1]:.2f} ms admission per pod" for c in WEBHOOKS), flush=True)
         after = await driver.metrics()
         kinds = {c: [await _create_kind(api, ns, kind) for kind in KINDS] for c, ns in namespaces.items()}
     return Driven(calls(after, before), tallies, kinds)
 
 
 def calls(after: str, before: str) -> dict[tuple[str, ...], Histogram]:
-    """The API server's histograms of the peers' webhook calls on pod CREATEs between two /metrics texts,
+    """The API server's histograms of the two webhooks' calls on pod CREATEs between two /metrics texts,
     by (webhook name, type), merged over `rejected`: ours renamed `ours-...` by the scoping, HAMi's."""
     a = histograms(after, hops.WEBHOOK, ["name", "type"], {"operation": "CREATE"})
     b = histograms(before, hops.WEBHOOK, ["name", "type"], {"operation": "CREATE"})
@@ -327,10 +327,10 @@ def _apiserver_report(d: Driven, version: str, nodes: int, rounds: int, pods: in
         "### Through kube-apiserver",
         "",
         f"kube-apiserver {version} and etcd (local control plane), {nodes} nodes; this webhook as `serve` "
-        "runs (`LocalWebhook`, the shipped pod webhooks and backstop scoped to namespace `peers-ours`, as part "
+        "runs (`LocalWebhook`, the shipped pod webhooks and backstop scoped to namespace `beside-ours`, as part "
         "`hops` scopes them) and HAMi's webhook process (not pinned either, `GOMAXPROCS=1`) registered by "
         f"HAMi's chart's MutatingWebhookConfiguration (`{HAMI_HOOK}`: CREATE pods, its `hami.io/webhook` "
-        "selectors, reinvocation Never) scoped to `peers-hami`, with this webhook's failurePolicy Fail, "
+        "selectors, reinvocation Never) scoped to `beside-hami`, with this webhook's failurePolicy Fail, "
         "timeout and v1 reviews. "
         f"{rounds} rounds, each a batch of {pods} pods per webhook at {rate:g} pods/s (open loop), the order "
         f"alternating; the pods are the kinds both admit ({', '.join(BOTH_ADMIT)}) in turn. Load average "
@@ -346,11 +346,11 @@ def _apiserver_report(d: Driven, version: str, nodes: int, rounds: int, pods: in
         "",
         "Counted apart, one pod of each kind of the mix created in each namespace (HTTP status of the create):",
         "",
-        *table(["kind", *(SHOWN[c] for c in PEERS)],
+        *table(["kind", *(SHOWN[c] for c in WEBHOOKS)],
                [(kind, *(f"{d.kinds[c][i][0]} {d.kinds[c][i][1]}" if d.kinds[c][i][0] == 201
-                         else str(d.kinds[c][i][0]) for c in PEERS)) for i, kind in enumerate(KINDS)]),
+                         else str(d.kinds[c][i][0]) for c in WEBHOOKS)) for i, kind in enumerate(KINDS)]),
         "",
-        *[f"- {SHOWN[c]} on {kind}: {note}" for c in PEERS for kind, (status, note) in
+        *[f"- {SHOWN[c]} on {kind}: {note}" for c in WEBHOOKS for kind, (status, note) in
           zip(KINDS, d.kinds[c], strict=True) if status != 201],
         "",
     ]
