@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from . import nodewatch, probes, quotawatch
+from . import nodewatch, probes, quotawatch, watch
 from .audit import Auditor, AuditSettings
 from .listener import Listener
 from .nodefeed import NodeFeed
@@ -34,7 +34,7 @@ def register(registry: kopf.OperatorRegistry, state: State, auditor: Auditor | N
 
     @kopf.on.login(id="login", registry=registry)
     def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
-        return nodewatch.login(settings)
+        return watch.login(settings)
 
     if auditor is not None:
         @kopf.on.startup(id="audit", registry=registry)
@@ -61,7 +61,7 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     settings.scanning.disabled = True
     settings.peering.standalone = True
     def login() -> kopf.ConnectionInfo | None:
-        return nodewatch.login(settings)
+        return watch.login(settings)
 
     feed = NodeFeed(state.view, state.config, state.metrics)
     auditor = Auditor(state, login, audit, lambda: feed.unreadable) if audit is not None else None

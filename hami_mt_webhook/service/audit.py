@@ -35,8 +35,8 @@ from ..audit.findings import FAIL, WARN, Audit, Auditing, NotReady, Result, coun
 from ..audit.objects import Obj, Subject, mapping, metadata
 from ..rules import templates
 from ..rules.text import clip
-from .nodewatch import Login, session
 from .state import State
+from .watch import Login, session
 
 __all__ = ["AuditSettings", "Auditor", "EventLimit", "Lease"]
 

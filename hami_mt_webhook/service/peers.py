@@ -1,6 +1,6 @@
 """Failover: the replicas probe each other and take a silent one out of the Service (`peerview` says why).
 
-Each replica watches the Deployment's pods in its namespace (the node watch's machinery, `nodewatch.Watch`,
+Each replica watches the Deployment's pods in its namespace (the node watch's machinery, `watch.Watch`,
 on `/api/v1/namespaces/<ns>/pods` with the chart's selector), asks every other one for its view at
 `/peers` on the probe port every `interval` seconds, and answers the same question itself. What most of
 them agree on is written to the silent replica's pod status: the readiness gate's condition `False` and
@@ -32,10 +32,9 @@ import aiohttp
 import orjson
 
 from .http11 import Answer
-from .nodefeed import Feed
-from .nodewatch import Login, Watch, session
 from .peerview import CONDITION, Outcomes, Replica, Timing, Verdict, View, disputed, judge, replica
 from .state import State
+from .watch import Feed, Login, Watch, session
 
 __all__ = ["Failover", "Peers"]
 

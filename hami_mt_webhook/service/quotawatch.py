@@ -1,6 +1,6 @@
 """The quota index's feed (SPEC.md §4.9): ResourceQuotas through the node watch's machinery.
 
-The same streaming watch as Nodes (`nodewatch.Watch`: WatchList or paged lists, resume, 410,
+The same streaming watch as Nodes (`watch.Watch`: WatchList or paged lists, resume, 410,
 back-off), on /api/v1/resourcequotas. Of each quota only its `limits.` slice keys are kept, and only
 for quotas that have any, so the index stays a few bytes per such quota. The warning it feeds is
 advisory: readiness does not wait for it, and while it is not synced no warning is given.
@@ -14,8 +14,7 @@ from typing import Any
 
 from ..rules.config import Config
 from ..rules.quota import QuotaIndex, unenforced_keys
-from .nodefeed import Feed
-from .nodewatch import Login, Watch
+from .watch import Feed, Login, Watch
 
 logger = logging.getLogger("hami_mt_webhook")
 

@@ -263,7 +263,7 @@ def test_serve_refuses_a_limit_that_is_not_positive_naming_its_flag(capsys, args
 
 def test_node_watch_choices_are_the_watch_modes():
     """The CLI names the modes itself (importing the watch would load kopf into `review`); they must agree."""
-    from hami_mt_webhook.service.nodewatch import MODES
+    from hami_mt_webhook.service.watch import MODES
 
     (setting,) = [s for s in config.SERVE if s.flag == "--node-watch"]
     assert setting.choices == MODES

@@ -24,7 +24,7 @@ from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
 from devtools.load import fleet
 from devtools.load.traffic import LoopThread
-from hami_mt_webhook.service import nodefeed, nodewatch
+from hami_mt_webhook.service import watch
 from tests.builders import make_pod, review_body
 
 from .support import MEMORY, VGPU, apply, metric, pod, wait_for
@@ -147,7 +147,7 @@ def test_after_an_api_server_restart_the_view_is_rebuilt_and_reviews_go_on(clust
     # replica measures of itself, since a review's round trip from this process also waits for this
     # process's relay and for the restarted API server, both busy with the same nodes on the same cores.
     turns_after, held_after = _loop_turns(hook)
-    most = max(nodefeed.LINES_PER_TURN, nodewatch.PAGE_SIZE)  # a streamed turn's lines, or a list's page
+    most = max(watch.LINES_PER_TURN, watch.PAGE_SIZE)  # a streamed turn's lines, or a list's page
     assert turns_after - turns >= expected // most, f"{expected} nodes read in {turns_after - turns:.0f} turns"
     assert held_after == held, f"{held_after - held:.0f} turns held the loop for {HELD} s or more"
 

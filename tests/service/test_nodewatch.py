@@ -14,15 +14,15 @@ import pytest
 from devtools.load import fleet
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
-from hami_mt_webhook.service import nodewatch
+from hami_mt_webhook.service import watch
 from hami_mt_webhook.service.metrics import Metrics
-from hami_mt_webhook.service.nodefeed import (
+from hami_mt_webhook.service.nodefeed import NodeFeed
+from hami_mt_webhook.service.watch import (
     CAUGHT_UP,
     INITIAL_EVENTS_END,
     LINES_PER_TURN,
     MAX_LINE,
     Expired,
-    NodeFeed,
     WatchError,
     batches,
 )
@@ -302,7 +302,7 @@ def test_a_node_that_is_not_a_sliced_report_is_logged_once(feed, caplog):
 ])
 def test_auto_streams_where_watchlist_is_on_by_default(version, mode):
     """Paged lists are the normal path where WatchList is off by default: chosen without a refusal first."""
-    assert nodewatch.mode_for(*version) == mode
+    assert watch.mode_for(*version) == mode
 
 
 @pytest.mark.parametrize(("environ", "server"), [
@@ -315,7 +315,7 @@ def test_auto_streams_where_watchlist_is_on_by_default(version, mode):
 def test_in_a_pod_the_api_server_is_the_address_kubelet_gives(environ: dict[str, str], server: str | None) -> None:
     """As client-go's in-cluster config: the Service's address from the environment, no DNS name (the
     image's e2e test runs the real login this way, with no cluster DNS at all)."""
-    assert nodewatch.in_cluster_server(environ) == server
+    assert watch.in_cluster_server(environ) == server
 
 
 def test_nodes_reporting_cores_but_no_sliced_card_are_kept_aside_for_the_audit() -> None:

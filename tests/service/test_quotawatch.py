@@ -11,8 +11,8 @@ import pytest
 
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.quota import QuotaIndex
-from hami_mt_webhook.service.nodefeed import INITIAL_EVENTS_END, Expired
 from hami_mt_webhook.service.quotawatch import QuotaFeed
+from hami_mt_webhook.service.watch import INITIAL_EVENTS_END, Expired
 
 MEMORY = "mthreads.com/sgpu-memory"
 
