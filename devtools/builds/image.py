@@ -147,6 +147,19 @@ def exists(name: str) -> bool:
     return run("image", "exists", name, check=False).returncode == 0
 
 
+def from_scratch(name: str, binary: Path, path: str, user: str) -> str:
+    """`binary` alone in an image FROM scratch, at `path`, its entrypoint, run as `user` (numeric, so a chart's
+    runAsNonRoot holds), tagged `name`: built only when podman lacks that tag (name it by the binary's digest)."""
+    if exists(name):
+        return name
+    with tempfile.TemporaryDirectory(prefix="hami-mt-scratch-") as tmp:
+        shutil.copy2(binary, Path(tmp) / binary.name)
+        Path(tmp, "Containerfile").write_text(
+            f'FROM scratch\nCOPY {binary.name} {path}\nUSER {user}\nENTRYPOINT ["{path}"]\n')
+        run("build", "--quiet", "--runtime", "runc", "--tag", name, tmp)
+    return name
+
+
 def apt_sources() -> list[str]:
     """The machine's apt source files that name the stand-ins' Debian release: mmdebstrap takes its mirror
     from them, as apt here does."""

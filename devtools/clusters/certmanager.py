@@ -78,14 +78,7 @@ def images() -> dict[str, str]:
         binary = bin_dir / component
         digest = hashlib.sha256(binary.read_bytes()).hexdigest()[:12]
         name = f"localhost/hami-mt-cert-manager-{component}:{v}-{digest}"
-        if not image.exists(name):
-            with tempfile.TemporaryDirectory(prefix=f"hami-mt-cert-manager-{component}-") as tmp:
-                shutil.copy2(binary, Path(tmp) / component)
-                Path(tmp, "Containerfile").write_text(
-                    f"FROM scratch\nCOPY {component} /app/{component}\nUSER 1000:1000\n"
-                    f'ENTRYPOINT ["/app/{component}"]\n')
-                image.run("build", "--quiet", "--runtime", "runc", "--tag", name, tmp)
-        found[component] = name
+        found[component] = image.from_scratch(name, binary, f"/app/{component}", "1000:1000")
     return found
 
 

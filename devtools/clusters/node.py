@@ -103,10 +103,7 @@ def pause_image() -> str:
         env = {**os.environ, "CGO_ENABLED": "0"}
         subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", f"{tmp}/pause", "."],
                        cwd=PAUSE_SOURCE, env=env, check=True, capture_output=True, timeout=600)
-        Path(tmp, "Containerfile").write_text('FROM scratch\nCOPY pause /pause\nUSER 65535:65535\n'
-                                              'ENTRYPOINT ["/pause"]\n')
-        image.run("build", "--quiet", "--runtime", "runc", "--tag", name, tmp)
-    return name
+        return image.from_scratch(name, Path(tmp, "pause"), "/pause", "65535:65535")
 
 
 #: How long an image archive nothing imported is kept.

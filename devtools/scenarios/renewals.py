@@ -34,6 +34,7 @@ from devtools.clusters import certmanager, local
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, PodCreator, slice_pod
 from devtools.waiting import seconds_until
+from hami_mt_webhook.admission.configurations import webhook_configurations
 
 RATE = 20.0
 NAMESPACE = local.NAMESPACE
@@ -42,11 +43,8 @@ ROOT = "hami-mt-webhook-root"
 SELF_SIGNED = "hami-mt-webhook-selfsigned"
 SECRET = "hami-mt-webhook-tls"
 BUNDLE = "hami-mt-webhook-ca-bundle"
-CONFIGURATIONS = (("mutatingwebhookconfiguration", "hami-mt-webhook"),
-                  ("validatingwebhookconfiguration", "hami-mt-webhook"),
-                  ("validatingwebhookconfiguration", "hami-mt-webhook-workloads"),
-                  ("mutatingwebhookconfiguration", "hami-mt-webhook-warn"),
-                  ("validatingwebhookconfiguration", "hami-mt-webhook-warn"))
+#: The shipped webhook configurations by kind and name, as the package holds them (the chart writes the same).
+CONFIGURATIONS = tuple((c["kind"].lower(), c["metadata"]["name"]) for c in webhook_configurations())
 #: The longest a replica may take to serve a renewed certificate: kubelet's sync of the Secret volume
 #: (its syncFrequency, 1 minute, plus jitter) and the webhook's reload.
 SERVED_WITHIN = 180.0
