@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -87,6 +88,19 @@ def tainted_example_nodes() -> list[dict[str, Any]]:
         spec = n.setdefault("spec", {})
         spec["taints"] = [*(spec.get("taints") or []), {"key": NO_KUBELET, "effect": "NoSchedule"}]
     return nodes
+
+
+def replicas(cluster: NodeCluster, *, terminating: bool = False) -> list[dict[str, Any]]:
+    """The chart's webhook pods; those being deleted (still serving through their preStop) only if asked."""
+    out = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
+                          "-o", "json").stdout
+    return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
+
+
+def scrape(cluster: NodeCluster, pod: dict[str, Any]) -> str:
+    """A replica's metrics, through the API server's pod proxy ("" when it does not answer)."""
+    return cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{pod['metadata']['name']}:9090"
+                           "/proxy/metrics", check=False).stdout
 
 
 def ready_replicas(node: NodeCluster) -> int:

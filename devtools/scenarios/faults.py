@@ -245,9 +245,7 @@ class Faults:
         self.killed = ""
 
     def replicas(self) -> list[dict[str, Any]]:
-        out = self.cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
-                                   "-o", "json").stdout
-        return [p for p in json.loads(out)["items"] if not p["metadata"].get("deletionTimestamp")]
+        return local.replicas(self.cluster)
 
     def victim(self, node: str) -> dict[str, Any]:
         (pod,) = [p for p in self.replicas() if p["spec"].get("nodeName") == node]
@@ -279,9 +277,7 @@ class Faults:
         return max(self.replicas(), key=connections)
 
     def scrape(self, pod: dict[str, Any]) -> str:
-        """A replica's metrics, through the API server's pod proxy ("" when it does not answer)."""
-        return self.cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/"
-                                    f"{pod['metadata']['name']}:9090/proxy/metrics", check=False).stdout
+        return local.scrape(self.cluster, pod)
 
     def observe(self, victim: dict[str, Any], result: Count) -> None:
         """What an operator reads about `victim` now: its gate's message, the others' failure ratio of it."""

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
@@ -73,20 +74,17 @@ def ca_bundles(cluster: NodeCluster) -> dict[str, list[x509.Certificate]]:
     return out
 
 
-def replicas(cluster: NodeCluster) -> list[dict[str, object]]:
-    pods = json.loads(cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
-                                      "-o", "json").stdout)["items"]
-    return [p for p in pods if p["status"].get("phase") == "Running"]
+def replicas(cluster: NodeCluster) -> list[dict[str, Any]]:
+    """The replicas running (`local.replicas` of them): one starting has no certificate to show yet."""
+    return [p for p in local.replicas(cluster, terminating=True) if p["status"].get("phase") == "Running"]
 
 
 def served_expiries(cluster: NodeCluster) -> dict[str, float]:
     """Each replica's `hami_mt_webhook_certificate_expiry_timestamp_seconds`: the certificate it serves."""
     out = {}
     for pod in replicas(cluster):
-        name = pod["metadata"]["name"]  # type: ignore[index]
-        text = cluster.kubectl("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:9090/proxy/metrics",
-                               check=False).stdout
-        found = EXPIRY_METRIC.search(text)
+        name = pod["metadata"]["name"]
+        found = EXPIRY_METRIC.search(local.scrape(cluster, pod))
         out[str(name)] = float(found[1]) if found else 0.0
     return out
 
@@ -100,7 +98,7 @@ def issued_by_cert_manager(cluster: NodeCluster) -> bool:
 
 
 def restarts(cluster: NodeCluster) -> dict[str, int]:
-    return {str(p["metadata"]["name"]): sum(c["restartCount"] for c in p["status"]["containerStatuses"])  # type: ignore
+    return {str(p["metadata"]["name"]): sum(c["restartCount"] for c in p["status"]["containerStatuses"])
             for p in replicas(cluster)}
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from devtools.clusters import local
+from devtools.clusters.local import replicas
 from devtools.clusters.nodes import NodeCluster
 from devtools.scenarios.faults import CONDITION
 from devtools.waiting import seconds_until
@@ -17,13 +18,6 @@ NAMESPACE = local.NAMESPACE
 DEPLOYMENT = f"deployment/{local.RELEASE}"
 #: The probe port, where a replica answers `/peers` (failover's view of the others).
 PROBE_PORT = 8080
-
-
-def replicas(node: NodeCluster, *, terminating: bool = False) -> list[dict[str, Any]]:
-    """The webhook's pods; those being deleted (still serving through their preStop) only if asked."""
-    out = node.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
-                       "-o", "json").stdout
-    return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
 def ready(node: NodeCluster) -> list[str]:
