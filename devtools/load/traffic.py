@@ -125,21 +125,32 @@ class _ControlPlane(Protocol):
     def server(self) -> str: ...
     @property
     def workdir(self) -> Path: ...
-    def kubectl(self, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]: ...
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]: ...
+
+
+#: A creation run with no end of its own (`creating`'s `seconds` None) is stopped by its block, long before this.
+UNBOUNDED = 3600.0
 
 
 @contextmanager
-def creating(cp: _ControlPlane, lt: LoopThread, namespace: str, rate: float, seconds: float,
-             manifest: Callable[[int], dict[str, Any]] | None = None) -> Iterator[PodCreator]:
+def creating(cp: _ControlPlane, lt: LoopThread, namespace: str, rate: float, seconds: float | None,
+             manifest: Callable[[int], dict[str, Any]] | None = None, tail: float = 3.0) -> Iterator[PodCreator]:
     """Slice pods (`vgpu: 1`, or `manifest(i)`) created at `rate` a second for `seconds` in `namespace`, made
     here and deleted on leaving, every creation's outcome recorded with its time (`PodCreator.outcomes`):
     what a fault is measured with. Do the fault inside the block; leaving it waits for the last answer and
-    judges nothing (`tests/node/test_uptime.load` asserts that all were created)."""
+    judges nothing (`tests/node/test_uptime.load` asserts that all were created). With `seconds` None they
+    go on until the block ends and `tail` seconds more (a renewal takes as long as it takes)."""
     cp.kubectl("create", "namespace", namespace)
     creator = PodCreator(lt, cp.server, cp.workdir, namespace, manifest or (lambda i: slice_pod(f"p{i}")))
-    creator.start(rate, seconds)
+    creator.start(rate, UNBOUNDED if seconds is None else seconds)
     try:
         yield creator
-        creator.wait(seconds + 120)
+        if seconds is None:
+            time.sleep(tail)
+        else:
+            creator.wait(seconds + 120)
     finally:
+        if seconds is None:
+            creator.stop()
+            creator.wait(60)
         cp.kubectl("delete", "namespace", namespace, "--wait=false", check=False)

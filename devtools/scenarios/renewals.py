@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from devtools import paths
 from devtools.clusters import certmanager, local
 from devtools.clusters.nodes import NodeCluster
-from devtools.load.traffic import LoopThread, PodCreator, slice_pod
+from devtools.load.traffic import LoopThread, PodCreator, creating, slice_pod
 from devtools.waiting import seconds_until
 from hami_mt_webhook.admission.configurations import webhook_configurations
 
@@ -229,21 +229,17 @@ class Counted:
 @contextmanager
 def traffic(cluster: NodeCluster, lt: LoopThread, namespace: str, counted: Counted) -> Iterator[PodCreator]:
     """Slice pods created at RATE until the block ends (then a few seconds more), each outcome counted."""
-    cluster.kubectl("create", "namespace", namespace)
-    creator = PodCreator(lt, cluster.controlplane.server, cluster.controlplane.workdir, namespace,
-                         lambda i: slice_pod(f"r{i}"))
     started = time.monotonic()
-    creator.start(RATE, 3600)
+    running: list[PodCreator] = []
     try:
-        yield creator
-        time.sleep(3)
+        with creating(cluster.controlplane, lt, namespace, RATE, None, lambda i: slice_pod(f"r{i}")) as creator:
+            running.append(creator)
+            yield creator
     finally:
-        creator.stop()
-        creator.wait(60)
         counted.seconds = time.monotonic() - started
-        counted.created = creator.results[201]
-        counted.refused = creator.failures
-        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        for creator in running:
+            counted.created = creator.results[201]
+            counted.refused = creator.failures
 
 
 def self_signed_leaf(cluster: NodeCluster) -> None:
