@@ -155,7 +155,7 @@ def make_targets_named(markdown: str) -> set[str]:
 
 def makefile_targets(makefile: str) -> set[str]:
     """Every target a Makefile defines (rules and .PHONY), not variables or file targets."""
-    targets = set()
+    targets: set[str] = set()
     for line in makefile.replace("\\\n", " ").splitlines():
         rule = re.match(r"^([A-Za-z0-9_.-]+(?:[ \t]+[A-Za-z0-9_.-]+)*)[ \t]*:(?![:=])", line)
         if rule:
@@ -298,7 +298,7 @@ ADMISSION_KINDS = {"MutatingWebhookConfiguration", "ValidatingWebhookConfigurati
 
 def deleted(markdown: str) -> set[tuple[str, str]]:
     """(kind in lower case, name) of every `kubectl delete <kind> <name>...` in code."""
-    gone = set()
+    gone: set[tuple[str, str]] = set()
     for text in code(markdown):
         for found in re.finditer(r"kubectl delete ([a-z]+)((?:\s+[a-z0-9-]+)+)", text):
             gone.update((found[1], name) for name in found[2].split() if not name.startswith("-"))

@@ -158,7 +158,9 @@ async def measure_pods(rig: Rig, rate: float, seconds: float, churn: float | Non
     before, cpu0, t0 = await rig.api_metrics(), usage(pid), time.perf_counter()
     cp0 = sum(usage(p)["cpu"] for p in control_plane)
     work0 = node_work(rig.hook)
-    out, probes, stop, rss = Pods(), [], asyncio.Event(), []
+    out, stop = Pods(), asyncio.Event()
+    probes: list[float] = []
+    rss: list[float] = []
 
     async def sample() -> None:
         while not stop.is_set():
@@ -214,7 +216,8 @@ async def restart(rig: Rig, rate: float, size: int, delete: bool = True) -> dict
 
     Without `delete` (the control, for a webhook that watches no node) nothing is deleted or awaited:
     it measures what the restart alone does to the API server's latency."""
-    hook, out, probes, stop = rig.hook, Pods(), [], asyncio.Event()
+    hook, out, stop = rig.hook, Pods(), asyncio.Event()
+    probes: list[float] = []
     relists0 = metric(hook, "hami_mt_webhook_node_relists_total")
     work0 = node_work(hook)
     load = asyncio.create_task(rig.pods(rate, 40, out))

@@ -343,7 +343,8 @@ class NodeCluster:
         """The node of a running pod and its container's memory cgroup (the first container unless named),
         found from the pod's UID and the container's ID."""
         pod = self.pod(namespace, name)
-        status = next((s for s in pod["status"].get("containerStatuses") or [] if container in (None, s["name"])), {})
+        status: dict[str, Any] = next((s for s in pod["status"].get("containerStatuses") or []
+                                       if container in (None, s["name"])), {})
         if "running" not in status.get("state", {}):
             raise NodeError(f"pod {namespace}/{name} has no running container {container or ''}".rstrip())
         host = self.host(pod["spec"]["nodeName"])

@@ -283,8 +283,8 @@ class Faults:
         """What an operator reads about `victim` now: its gate's message, the others' failure ratio of it."""
         name = victim["metadata"]["name"]
         pods = self.replicas()
-        gate = next((c for p in pods if p["metadata"]["name"] == name
-                     for c in p["status"].get("conditions", []) if c["type"] == CONDITION), {})
+        gate: dict[str, Any] = next((c for p in pods if p["metadata"]["name"] == name
+                                     for c in p["status"].get("conditions", []) if c["type"] == CONDITION), {})
         result.midway = gate.get("message", "")
         for pod in pods:
             if pod["metadata"]["name"] != name and (found := re.search(

@@ -145,6 +145,13 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> N
     until(what, check, timeout, interval=0.1)
 
 
+def found(pattern: str, text: str) -> str:
+    """The first group of `pattern` in `text` (a banner, a log), or a failure that shows the text."""
+    match = re.search(pattern, text)
+    assert match, f"no {pattern!r} in:\n{text}"
+    return match[1]
+
+
 def processes_mentioning(path: Path) -> list[int]:
     """Pids whose command line names `path`: our children pass their work dir in their flags.
 

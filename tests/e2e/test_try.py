@@ -22,7 +22,7 @@ from devtools.clusters import monitoring
 from devtools.clusters.controlplane import binaries
 from devtools.paths import REPO_ROOT
 
-from .support import processes_mentioning
+from .support import found, processes_mentioning
 
 EXAMPLES = REPO_ROOT / "examples"
 BANNER_END = "Ctrl-C stops everything."
@@ -98,10 +98,10 @@ def test_a_dead_webhook_is_reported_and_restarted_while_the_control_plane_stays_
     run = Run(tmp_path / "run", restart_delay=5)
     runs.append(run)
     banner = run.until(BANNER_END)
-    pid = int(re.search(r"webhook pid (\d+)", banner)[1])
-    kubeconfig = re.search(r"export KUBECONFIG=(\S+)", banner)[1]
+    pid = int(found(r"webhook pid (\d+)", banner))
+    kubeconfig = found(r"export KUBECONFIG=(\S+)", banner)
     # The banner's hint, pasted as printed (with the alias it prints): one header line, then the nodes.
-    alias = re.search(r"alias kubectl=(\S+)", banner)[1]
+    alias = found(r"alias kubectl=(\S+)", banner)
     hint = next(line.strip() for line in banner.splitlines() if line.strip().startswith("kubectl get nodes"))
     shown = subprocess.run(["bash", "-c", f"kubectl() {{ {alias} \"$@\"; }}\n{hint}"], capture_output=True, text=True,
                            env={**os.environ, "KUBECONFIG": kubeconfig}, timeout=60)
@@ -133,8 +133,8 @@ def test_the_helm_chart_can_be_tried_locally_instead_of_the_manifests(tmp_path, 
     runs.append(run)
     banner = run.until(BANNER_END)
     assert "installed with the Helm chart as release hami-mt-webhook in namespace hami-mt-webhook" in banner
-    kubeconfig = re.search(r"export KUBECONFIG=(\S+)", banner)[1]
-    helm = re.search(r"alias helm=(\S+)", banner)[1]
+    kubeconfig = found(r"export KUBECONFIG=(\S+)", banner)
+    helm = found(r"alias helm=(\S+)", banner)
     listed = subprocess.run([helm, "list", "-n", "hami-mt-webhook", "-o", "json"], capture_output=True, text=True,
                             env={**os.environ, "KUBECONFIG": kubeconfig, "HELM_CACHE_HOME": str(tmp_path / "h"),
                                  "HELM_CONFIG_HOME": str(tmp_path / "h"), "HELM_DATA_HOME": str(tmp_path / "h")},
@@ -173,7 +173,7 @@ def test_prometheus_beside_the_playground_evaluates_the_shipped_alerts(tmp_path,
     run = Run(tmp_path / "run", extra=("--prometheus",))
     runs.append(run)
     banner = run.until(BANNER_END)
-    url = re.search(r"Prometheus: (http://127\.0\.0\.1:\d+) ", banner)[1]
+    url = found(r"Prometheus: (http://127\.0\.0\.1:\d+) ", banner)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def api(path: str) -> dict:
@@ -203,8 +203,8 @@ def test_the_readme_tour_prints_what_it_shows(tmp_path, runs):
     run = Run(tmp_path / "run")
     runs.append(run)
     banner = run.until(BANNER_END)
-    env = {**os.environ, "KUBECONFIG": re.search(r"export KUBECONFIG=(\S+)", banner)[1]}
-    alias = re.search(r"alias kubectl=(\S+)", banner)[1]
+    env = {**os.environ, "KUBECONFIG": found(r"export KUBECONFIG=(\S+)", banner)}
+    alias = found(r"alias kubectl=(\S+)", banner)
     status = 0
     for command, shown in steps:
         want = [POD_SUFFIX.sub(r"\1...", line) for line in shown]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from devtools.clusters import local
 from devtools.clusters.node import hierarchies, leftovers, own_memory_cgroup
+from tests.e2e.support import found
 
 from ..e2e.support import processes_mentioning
 from ..e2e.test_try import BANNER_END, Run
@@ -34,8 +35,8 @@ def test_make_run_on_the_node_serves_from_the_replicas_and_leaves_nothing() -> N
     run = Run(base / "run", extra=("--node",))  # the node implies the chart: --install is moot
     try:
         banner = run.until(BANNER_END, timeout=600)
-        kubeconfig = Path(re.search(r"export KUBECONFIG=(\S+)", banner)[1])
-        kubectl = re.search(r"alias kubectl=(\S+)", banner)[1]
+        kubeconfig = Path(found(r"export KUBECONFIG=(\S+)", banner))
+        kubectl = found(r"alias kubectl=(\S+)", banner)
         assert re.search(r"alias helm=\S+/helm\b", banner)
         assert "no local process to kill or restart" in banner
         workdir = next(p for p in kubeconfig.parents if p.parent == run.dir)  # the node's own directory

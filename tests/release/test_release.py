@@ -184,7 +184,8 @@ def test_python_package_is_summed_and_signed(published: Published) -> None:
     assert any(n.endswith("-py3-none-any.whl") for n in names)
     assert any(n.endswith("_x86_64.whl") and "-cp3" in n for n in names)
     assert f"hami_mt_webhook-{version}.tar.gz" in names
-    listed = dict(reversed(line.split("  ", 1)) for line in (dist / "SHA256SUMS").read_text().splitlines())
+    listed = {name: digest for digest, name in (line.split("  ", 1)
+                                                for line in (dist / "SHA256SUMS").read_text().splitlines())}
     for name in names:
         for listed_name in (name, f"{name}.sig"):
             assert hashlib.sha256((dist / listed_name).read_bytes()).hexdigest() == listed[listed_name], listed_name

@@ -117,7 +117,8 @@ def test_replica_reads_the_pod(gate: str | None, expected: bool | None) -> None:
 def test_a_view_survives_its_wire_form_and_refuses_garbage() -> None:
     v = view("a", {"b": 0.25, "c": 1.5})
     assert View.from_json(v.to_json()) == v
-    for bad in (None, [], {"heard": {}}, "a"):
+    bads: tuple[object, ...] = (None, [], {"heard": {}}, "a")
+    for bad in bads:
         with pytest.raises(ValueError):
             View.from_json(bad)
     odd = View.from_json({"name": "x", "heard": {"b": "soon"}, "silent": "c"})
