@@ -11,6 +11,7 @@ from typing import Any
 import jsonpatch
 
 from devtools import gpus
+from hami_mt_webhook.rules import templates
 from hami_mt_webhook.rules.capacity import ClusterView
 
 VGPU = "mthreads.com/vgpu"
@@ -112,7 +113,7 @@ def bound_pod(*ephemeral_containers: dict[str, Any]) -> dict[str, Any]:
 def review_body(pod: Any, operation: str = "CREATE", uid: str | None = None, dry_run: bool = False,
                 old: Any = None, api_version: str = "admission.k8s.io/v1") -> dict[str, Any]:
     """An AdmissionReview request for `pod`, shaped like kube-apiserver's."""
-    meta = pod.get("metadata") if isinstance(pod, dict) and isinstance(pod.get("metadata"), dict) else {}
+    meta: dict[str, Any] = pod["metadata"] if isinstance(pod, dict) and isinstance(pod.get("metadata"), dict) else {}
     options = {"CREATE": "CreateOptions", "UPDATE": "UpdateOptions", "DELETE": "DeleteOptions"}.get(operation)
     request: dict[str, Any] = {
         "uid": uid or str(uuid.uuid4()),
@@ -187,3 +188,17 @@ def edited(doc: Any, path: tuple, value: Any = None, delete: bool = False) -> An
     else:
         node[path[-1]] = value
     return doc
+
+
+def known(kind: str, group: str | None = None) -> templates.Kind:
+    """`templates.find`, for a kind the table has: a test of a known kind fails here if it is not."""
+    found = templates.find(kind, group)
+    assert found is not None, f"{kind} ({group or 'any group'}) is not in the kind table"
+    return found
+
+
+def kind_of(obj: Any) -> templates.Kind:
+    """`templates.of`, for an object of a kind the table has."""
+    found = templates.of(obj)
+    assert found is not None, f"{obj.get('apiVersion')} {obj.get('kind')} is not in the kind table"
+    return found

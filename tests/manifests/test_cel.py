@@ -13,6 +13,7 @@ import yaml
 
 from devtools.clusters import manifests
 from hami_mt_webhook.rules import templates
+from tests.builders import kind_of, known
 from tests.manifests.support import BACKSTOP, SLICES, WHOLE, configuration, match_condition, workload_condition
 
 BUILTIN = sorted(k.kind for k in templates.KINDS if k.builtin)
@@ -130,7 +131,7 @@ def test_match_condition_skips_every_other_pod(docs: list[dict[str, Any]], cel: 
 
 def workload(kind: str, pod_obj: dict[str, Any]) -> dict[str, Any]:
     """A workload of `kind` whose pod template is `pod_obj`'s metadata and spec, where that kind keeps it."""
-    entry = templates.find(kind)
+    entry = known(kind)
     group, path = entry.group, entry.paths[0].split(".")
     node: dict[str, Any] = {"metadata": {"labels": {"app": "x"}}, "spec": pod_obj["spec"]}
     for key in reversed(path):
@@ -182,7 +183,7 @@ def test_workload_condition_on_the_examples(docs: list[dict[str, Any]], cel: Any
              if d and templates.of(d) is not None]
     assert {d["kind"] for d in found} >= {"Deployment", "CronJob", "PyTorchJob"}
     for doc in found:
-        index = 0 if templates.of(doc).builtin else 1  # the built-in kinds' webhook, or the training jobs'
+        index = 0 if kind_of(doc).builtin else 1  # the built-in kinds' webhook, or the training jobs'
         assert cel.evaluate(workload_condition(docs, index), {"object": doc}) is True, doc["metadata"]["name"]
 
 

@@ -18,7 +18,7 @@ from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.rules import templates
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
-from tests.builders import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, container, nodes_view
+from tests.builders import CORE, MEMORY, ON_S4000, ON_S5000, VGPU, WHOLE, container, kind_of, known, nodes_view
 
 CONFIG = Config()
 KINDS = sorted(k.kind for k in templates.KINDS if k.builtin)
@@ -31,7 +31,7 @@ def template_spec(*containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
 def workload(kind: str, spec: dict[str, Any], name: str = "train", namespace: str | None = "ml",
              labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     """A workload of `kind` as a user writes it: the pod template where that kind keeps it, nothing defaulted."""
-    entry = templates.find(kind)
+    entry = known(kind)
     group, path = entry.group, entry.paths[0].split(".")
     meta: dict[str, Any] = {"labels": {"app": name, **(labels or {})}}
     if annotations:
@@ -445,7 +445,7 @@ JOBS: dict[str, tuple[dict[str, Any], str]] = {
 @pytest.mark.parametrize("case", sorted(JOBS))
 def test_training_job_is_denied_naming_the_template_whose_pods_would_be(case):
     obj, where = JOBS[case]
-    kind = templates.of(obj)
+    kind = kind_of(obj)
     assert kind is not None and not kind.builtin
     decision = check(obj, kind, nodes_view(), CONFIG)
     assert not decision.allowed and decision.code == 403 and decision.reason == "core-without-memory"
@@ -464,12 +464,12 @@ def test_training_job_is_denied_naming_the_template_whose_pods_would_be(case):
 @pytest.mark.parametrize("case", sorted(JOBS))
 def test_training_job_with_good_templates_is_allowed_with_the_pods_warnings(case):
     obj = copy.deepcopy(JOBS[case][0])
-    for _, tpl in templates.templates(obj, templates.of(obj)):
+    for _, tpl in templates.templates(obj, kind_of(obj)):
         tpl.clear()
         tpl.update(copy.deepcopy(GOOD))
-    decision = check(obj, templates.of(obj), nodes_view(), CONFIG)
+    decision = check(obj, kind_of(obj), nodes_view(), CONFIG)
     assert decision.allowed and decision.patch == []
-    found = list(templates.templates(obj, templates.of(obj)))
+    found = list(templates.templates(obj, kind_of(obj)))
     assert found and len(decision.warnings) == 0  # a valid slice needs no change
 
 
@@ -490,7 +490,7 @@ def test_volcano_job_level_scheduler_is_applied_to_its_templates():
     whole = pod_template(container(limits={VGPU: 1}))
     job = training("Job", "batch.volcano.sh", {"schedulerName": "volcano", "tasks": [{"name": "w", "template": whole}]},
                    "v1alpha1")
-    kind = templates.of(job)
+    kind = kind_of(job)
     assert kind is not None and kind.scheduler == "spec.schedulerName"
     pod = templates.pod_of(job, kind)
     assert pod is not None and pod["spec"]["schedulerName"] == "volcano"
@@ -500,19 +500,19 @@ def test_volcano_job_level_scheduler_is_applied_to_its_templates():
         "and HAMi accounts for sGPU slices only on hami-scheduler"]
     own = pod_template(container(limits={VGPU: 1}), schedulerName="default-scheduler")
     job["spec"]["tasks"][0]["template"] = own  # the template's own scheduler wins, as in Volcano's controller
-    assert templates.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
+    assert (templates.pod_of(job, kind) or {}).get("spec", {}).get("schedulerName") == "default-scheduler"
     del job["spec"]["schedulerName"]
     job["spec"]["tasks"][0]["template"] = whole
-    assert templates.pod_of(job, kind)["spec"]["schedulerName"] == "default-scheduler"
+    assert (templates.pod_of(job, kind) or {}).get("spec", {}).get("schedulerName") == "default-scheduler"
     # the built-in Job of the same name has no job-level scheduler
-    assert templates.find("Job").group == "batch" and templates.find("Job").scheduler is None
+    assert known("Job").group == "batch" and known("Job").scheduler is None
 
 
 def test_volcano_job_with_a_mixed_container_is_denied_whatever_its_scheduler():
     mixed = pod_template(container(limits={VGPU: 1, WHOLE: 1}))
     job = training("Job", "batch.volcano.sh", {"schedulerName": "volcano", "tasks": [{"name": "w", "template": mixed}]},
                    "v1alpha1")
-    decision = check(job, templates.of(job), nodes_view(), CONFIG)
+    decision = check(job, kind_of(job), nodes_view(), CONFIG)
     assert not decision.allowed and decision.reason == "mixing"
 
 
@@ -535,12 +535,12 @@ def test_training_job_without_templates_is_a_400(spec):
 
 
 def test_kind_table_lookups():
-    assert templates.find("Job", "batch.volcano.sh").paths == ("spec.tasks[*].template",)
-    assert templates.find("Job", "batch").paths == ("spec.template",)
-    assert templates.find("MPIJob", "kubeflow.org").versions == ("v1", "v2beta1")
+    assert known("Job", "batch.volcano.sh").paths == ("spec.tasks[*].template",)
+    assert known("Job", "batch").paths == ("spec.template",)
+    assert known("MPIJob", "kubeflow.org").versions == ("v1", "v2beta1")
     assert templates.find("Job", "example.com") is None
-    assert templates.of({"apiVersion": "ray.io/v1", "kind": "RayJob"}).resource == "rayjobs"
-    assert templates.of({"apiVersion": "v1", "kind": "ReplicationController"}).builtin
+    assert kind_of({"apiVersion": "ray.io/v1", "kind": "RayJob"}).resource == "rayjobs"
+    assert kind_of({"apiVersion": "v1", "kind": "ReplicationController"}).builtin
     assert templates.of({"kind": 3}) is None and templates.of(None) is None
     assert templates.steps("spec.workerGroupSpecs[*].template") == ["spec", "workerGroupSpecs", "[*]", "template"]
     assert templates.steps("spec.pytorchReplicaSpecs.*.template") == ["spec", "pytorchReplicaSpecs", ".*", "template"]
