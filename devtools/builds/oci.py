@@ -124,7 +124,8 @@ def review_in_archive(archive: Path, arch: str, files: Sequence[Path | str], nod
     with tempfile.TemporaryDirectory(prefix="hami-mt-oci-") as tmp:
         rootfs = Path(tmp) / "rootfs"
         config = unpack(archive, rootfs)
-        entrypoint = list((config.get("config") or {}).get("Entrypoint") or [])  # type: ignore[union-attr]
+        inner = config.get("config")
+        entrypoint = list(inner.get("Entrypoint") or []) if isinstance(inner, dict) else []
         if not entrypoint:
             raise OciError(f"{archive.name} has no entrypoint")
         inside = rootfs / "review"

@@ -81,9 +81,9 @@ def test_the_validating_webhook_reviews_the_ephemeralcontainers_subresource():
     body["request"]["subResource"] = "ephemeralcontainers"
     reply = review.handle(orjson.dumps(body), "validate-pods", VIEW, CONFIG)
     assert reply.status == 200 and reply.decision is not None and not reply.decision.allowed
-    assert review.handle(orjson.dumps(body), "mutate-pods", VIEW, CONFIG).decision.allowed
+    assert (d := review.handle(orjson.dumps(body), "mutate-pods", VIEW, CONFIG).decision) and d.allowed
     body["request"]["object"]["spec"]["ephemeralContainers"] = [DEBUGGER]
-    assert review.handle(orjson.dumps(body), "validate-pods", VIEW, CONFIG).decision.allowed
+    assert (d := review.handle(orjson.dumps(body), "validate-pods", VIEW, CONFIG).decision) and d.allowed
 
 
 def test_a_kind_that_is_not_a_string_is_answered():

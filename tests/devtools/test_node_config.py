@@ -23,7 +23,7 @@ def test_pods_route_cluster_ips_and_pods_to_the_node_and_nothing_else() -> None:
     (subnet,), = ipam["ranges"]
     assert ipaddress.ip_network(subnet["subnet"]) == ipaddress.ip_network("10.244.2.0/24")
     assert ipaddress.ip_address(ip) in ipaddress.ip_network(subnet["subnet"])
-    assert ipaddress.ip_network(subnet["subnet"]).subnet_of(ipaddress.ip_network(node.POD_NETWORK))
+    assert ipaddress.IPv4Network(subnet["subnet"]).subnet_of(ipaddress.IPv4Network(node.POD_NETWORK))
     assert (subnet["rangeStart"], subnet["rangeEnd"]) == ("10.244.2.10", "10.244.2.250")
     assert ipam["dataDir"].startswith("/run-dir/")
 

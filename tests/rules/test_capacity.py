@@ -23,7 +23,7 @@ def node(name, core=None, memory=None, labels=None):
     ("16", "96", 1, 96), ("128", "1280", 8, 160), ("32", "192", 2, 96)])
 def test_per_card_capacity_comes_from_the_node(core, memory, cards, per_card):
     r = report(node("n", core, memory), CFG)
-    assert (r.cards, r.per_card) == (cards, per_card)
+    assert r is not None and (r.cards, r.per_card) == (cards, per_card)
 
 
 @pytest.mark.parametrize(("core", "memory"), [
