@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -80,7 +80,7 @@ def serve_webhook(certs_dir: certs.Layout, nodes_view: ClusterView):
         options.setdefault("limits", Limits(drain_seconds=0.2, shutdown_timeout=0.5))
         srv = server.AdmissionServer(state, addr="127.0.0.1", port=0, certfile=str(certs_dir.tls_cert),
                                      pkeyfile=str(certs_dir.tls_key), **options)
-        gen = srv(None)
+        gen = cast(AsyncGenerator[Any, None], srv(None))  # AdmissionServer.__call__ is an async generator
         configs: asyncio.Queue = asyncio.Queue()
 
         async def drive() -> None:  # kopf iterates the server for as long as the operator runs

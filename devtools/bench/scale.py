@@ -76,6 +76,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
                     t = time.perf_counter()
                     await asyncio.to_thread(hook.start, 900.0)
                     ready = time.perf_counter() - t
+                    assert hook.proc is not None
                     usage = scale_rig.usage(hook.proc.pid)
                     res["startup"].append((size, node_bytes, ready, usage["peak"], usage["rss"]))
                     print(f"[scale] {size}: ready in {ready:.1f} s, peak RSS {usage['peak']:.0f} MiB",

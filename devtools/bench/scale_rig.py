@@ -10,6 +10,7 @@ import random
 import secrets
 import ssl
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,7 +169,7 @@ async def measure_pods(rig: Rig, rate: float, seconds: float, churn: float | Non
             await asyncio.sleep(2)
 
     side = [asyncio.create_task(rig.probe(stop, probes)), asyncio.create_task(sample())]
-    work = [rig.pods(rate, seconds, out)]
+    work: list[Coroutine[Any, Any, Any]] = [rig.pods(rate, seconds, out)]
     if churn:
         work.append(rig.churn(churn, seconds, size))
     done = await asyncio.gather(*work)

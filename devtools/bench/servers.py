@@ -14,9 +14,10 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -169,7 +170,7 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
         srv = AdmissionServer(state, addr="127.0.0.1", port=port, certfile=cert, pkeyfile=key,
                               reload_interval=3600.0,
                               limits=dataclasses.replace(Limits(), drain_seconds=0.2, shutdown_timeout=1.0))
-        gen = srv(None)
+        gen = cast(AsyncGenerator[Any, None], srv(None))  # AdmissionServer.__call__ is an async generator
         await gen.__anext__()
         health = []
         if health_port:  # as `serve` runs them: the probes on a plain-HTTP listener with the same limits

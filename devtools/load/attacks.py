@@ -27,7 +27,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -160,7 +160,7 @@ class Flood:
         elif self.kind == "slow-read":
             writer.write(post(self.path, self.body))
             await writer.drain()
-            writer.transport.pause_reading()  # the answer is never read
+            cast(asyncio.Transport, writer.transport).pause_reading()  # the answer is never read
             await asyncio.sleep(self.hold)
             return
         elif self.kind == "big":

@@ -251,7 +251,8 @@ def slice_pods(draw) -> dict[str, Any]:
 def _fits(node: NodeReport, pod: dict[str, Any]) -> bool:
     """HAMi's scheduler (A.8), written apart from the rules: a container's N cards come from one node, each
     asked for memory/N and cores/N; the containers that run together share one card."""
-    together_memory = together_cores = 0
+    together_memory: float = 0
+    together_cores: float = 0
     for group in ("initContainers", "containers"):
         for c in pod["spec"].get(group) or []:
             limits = c["resources"]["limits"]

@@ -108,7 +108,10 @@ def test_a_node_that_stops_reporting_slices_leaves_the_view(feed):
 
 
 def nonstandard(feed: NodeFeed) -> float:
-    return feed.metrics.registry.get_sample_value("hami_mt_webhook_nonstandard_capacity_nodes")
+    assert feed.metrics is not None
+    value = feed.metrics.registry.get_sample_value("hami_mt_webhook_nonstandard_capacity_nodes")
+    assert value is not None
+    return value
 
 
 def test_an_overcommitted_node_is_logged_once_and_counted(feed, caplog):

@@ -80,7 +80,9 @@ class Raw:
 
     @property
     def serial(self) -> int:
-        return x509.load_der_x509_certificate(self.tls.getpeercert(binary_form=True)).serial_number
+        der = self.tls.getpeercert(binary_form=True)
+        assert der, "the server sent no certificate"
+        return x509.load_der_x509_certificate(der).serial_number
 
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
@@ -342,7 +344,7 @@ async def test_a_10_mb_body_gets_413(webhook_server, session):
     status, _ = await post(session, url, review, ctx)
     assert status == 413
     await assert_still_serving(session, url, ctx)
-    assert _sample(state, "hami_mt_webhook_bad_requests_total", webhook="mutate-pods") >= 1
+    assert (_sample(state, "hami_mt_webhook_bad_requests_total", webhook="mutate-pods") or 0) >= 1
 
 
 # --- TLS -----------------------------------------------------------------------------------------------------------
@@ -379,7 +381,7 @@ async def test_tls12_is_accepted_with_a_forward_secret_aead_cipher(webhook_serve
     conn = await Raw.open(webhook_server.port, ctx)
     try:
         assert conn.tls.version() == "TLSv1.2"
-        cipher = conn.tls.cipher()[0]
+        cipher = (conn.tls.cipher() or ("none",))[0]
         assert cipher.startswith("ECDHE-") and ("GCM" in cipher or "CHACHA20" in cipher)
         status, _ = await conn.post(MUTATE, json.dumps(good_review()).encode())
         assert status == 200
