@@ -154,7 +154,7 @@ class Fault:
 
     name: str
     seconds: float
-    act: Callable[[NodeCluster, str, str], None]
+    act: Callable[[NodeCluster, str, str], object]
 
 
 def _freeze(cluster: NodeCluster, pod: str, _node: str) -> None:

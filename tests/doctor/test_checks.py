@@ -196,7 +196,7 @@ def test_hami_webhook_with_an_unreadable_configuration_is_a_note():
 
 
 #: What HAMi's chart registers by default (charts/hami/templates/scheduler/webhook.yaml): every pod CREATE.
-HAMI_REACH = {"rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+HAMI_REACH: dict[str, Any] = {"rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                          "resources": ["pods"], "scope": "*"}],
               "namespaceSelector": {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn",
                                                           "values": ["ignore"]}]}}

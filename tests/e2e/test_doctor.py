@@ -115,7 +115,8 @@ def test_the_vendors_scheduler_and_webhook(cp, hook, capsys):
 
 
 #: HAMi's chart's selectors for its webhook, namespace and object alike.
-HAMI_SELECTOR = {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
+HAMI_SELECTOR: dict[str, Any] = {
+    "matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn", "values": ["ignore"]}]}
 
 
 def hami_device_config(per_card: str) -> dict[str, Any]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from hami_mt_webhook.rules.selectors import labels_match, requirement, selector_matches, term_matches, webhook_called
@@ -53,7 +55,7 @@ def test_a_term_is_all_its_requirements_and_fields_name_the_node():
 
 
 #: HAMi's webhook as its chart renders it by default: every pod CREATE outside `hami.io/webhook: ignore`.
-HAMI = {"name": "vgpu.hami.io",
+HAMI: dict[str, Any] = {"name": "vgpu.hami.io",
         "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"],
                    "scope": "*"}],
         "namespaceSelector": {"matchExpressions": [{"key": "hami.io/webhook", "operator": "NotIn",
