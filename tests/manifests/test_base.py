@@ -140,10 +140,10 @@ def test_workload_webhook_configuration(docs: list[dict[str, Any]]) -> None:
     assert {**training, "name": hook["name"], "rules": hook["rules"], "matchConditions": None} == \
         {**hook, "matchConditions": None}
     assert training["name"] == TRAINING[0]
-    routed = {(g, v, r) for rule in training["rules"] for g in rule["apiGroups"] for v in rule["apiVersions"]
-              for r in rule["resources"]}
-    assert {(k.group, v, k.resource) for k in templates.KINDS if not k.builtin for v in k.versions} <= routed
-    assert {(g, r) for g, _, r in routed} == {(k.group, k.resource) for k in templates.KINDS if not k.builtin}
+    versioned = {(g, v, r) for rule in training["rules"] for g in rule["apiGroups"] for v in rule["apiVersions"]
+                 for r in rule["resources"]}
+    assert {(k.group, v, k.resource) for k in templates.KINDS if not k.builtin for v in k.versions} <= versioned
+    assert {(g, r) for g, _, r in versioned} == {(k.group, k.resource) for k in templates.KINDS if not k.builtin}
     assert all(rule["operations"] == ["CREATE", "UPDATE"] and rule["scope"] == "Namespaced"
                for rule in training["rules"])
 

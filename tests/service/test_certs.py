@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from hami_mt_webhook.cli import main as cli
@@ -94,8 +95,9 @@ def test_chain_verifies(certs_dir):
     constraints = ca.extensions.get_extension_for_class(x509.BasicConstraints).value
     assert constraints.ca is True and constraints.path_length == 0
     assert leaf.issuer == ca.subject
-    assert certs.load_pair(certs_dir.tls_cert, certs_dir.tls_key).key.public_key().public_numbers() == \
-        leaf.public_key().public_numbers()
+    spki = (Encoding.DER, PublicFormat.SubjectPublicKeyInfo)
+    assert certs.load_pair(certs_dir.tls_cert, certs_dir.tls_key).key.public_key().public_bytes(*spki) == \
+        leaf.public_key().public_bytes(*spki)
 
 
 def test_client_certificate_is_for_client_auth_only():
