@@ -25,11 +25,12 @@ CA = certs.new_ca()
 SERVING = certs.issue(CA, "hami-mt-webhook", dns=certs.service_names("hami-mt-webhook", NS))
 
 
-def node(name: str, cores: int | str, memory: int | str, *, whole: int = 0, **labels: str) -> dict[str, Any]:
+def node(name: str, cores: int | str, memory: int | str, *, whole: int = 0,
+         labels: dict[str, str] | None = None) -> dict[str, Any]:
     capacity = {CORE: str(cores), MEMORY: str(memory)}
     if whole:
         capacity[WHOLE] = str(whole)
-    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels}},
+    return {"metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
             "status": {"capacity": capacity}}
 
 
@@ -65,8 +66,8 @@ def clean() -> Cluster:
     labels = {"app.kubernetes.io/name": "hami-mt-webhook"}
     return Cluster(
         now=NOW,
-        nodes=[node("s4000", 16, 96, **{PRODUCT: "MTT-S4000"}),
-               node("s5000", 128, 1280, **{PRODUCT: "MTT-S5000"}),
+        nodes=[node("s4000", 16, 96, labels={PRODUCT: "MTT-S4000"}),
+               node("s5000", 128, 1280, labels={PRODUCT: "MTT-S5000"}),
                {"metadata": {"name": "whole"}, "status": {"capacity": {WHOLE: "8"}}}],
         namespaces=[{"metadata": {"name": n, "labels": {"kubernetes.io/metadata.name": n}}}
                     for n in ("team", "kube-system", NS)],
@@ -266,7 +267,7 @@ def test_the_waiting_time_is_a_setting():
 
 def test_an_overcommitted_card_is_named_with_its_ratio_and_both_fixes():
     cluster = clean()
-    cluster.nodes.append(node("over", 128, 1408, **{PRODUCT: "MTT-S5000"}))  # 176 a card
+    cluster.nodes.append(node("over", 128, 1408, labels={PRODUCT: "MTT-S5000"}))  # 176 a card
     cluster.nodes[1]["metadata"]["labels"][PRODUCT] = "MTT-S5000-old"  # keep the model label separating
     f = only(cluster, "capacity")
     assert f.object == "Node over" and "176 units" in f.message and "1.10 times a 160-unit card" in f.message
@@ -302,7 +303,7 @@ def test_a_node_with_no_sliced_card_is_not_odd():
 def test_cards_reported_both_whole_and_sliced():
     cluster = clean()
     cluster.nodes[1] = node("s5000", 128, 1280, whole=8,
-                            **{PRODUCT: "MTT-S5000", "mthreads.com/gpu.count": "8"})
+                            labels={PRODUCT: "MTT-S5000", "mthreads.com/gpu.count": "8"})
     f = only(cluster, "whole-and-sliced")
     assert f.object == "Node s5000"
     assert "8 whole cards (mthreads.com/gpu) and 8 sliced cards on a node of 8 cards" in f.message
@@ -312,10 +313,10 @@ def test_cards_reported_both_whole_and_sliced():
 def test_whole_and_sliced_cards_that_fit_the_card_count_or_a_tolerated_taint_are_fine():
     taint = ("example.com/sliced", "true", "NoSchedule")
     fits = clean()
-    fits.nodes[1] = node("s5000", 64, 640, whole=4, **{PRODUCT: "MTT-S5000", "mthreads.com/gpu.count": "8"})
+    fits.nodes[1] = node("s5000", 64, 640, whole=4, labels={PRODUCT: "MTT-S5000", "mthreads.com/gpu.count": "8"})
     assert found(fits) == []
     tainted = clean()
-    tainted.nodes[0] = node("s4000", 16, 96, whole=1, **{PRODUCT: "MTT-S4000"})
+    tainted.nodes[0] = node("s4000", 16, 96, whole=1, labels={PRODUCT: "MTT-S4000"})
     assert "1 whole card (mthreads.com/gpu) and 1 sliced card:" in only(tainted, "whole-and-sliced").message
     tainted.nodes[0]["spec"] = {"taints": [{"key": taint[0], "value": taint[1], "effect": taint[2]}]}
     assert found(tainted, Settings(config=Config(sliced_node_taint=taint))) == []
@@ -332,7 +333,7 @@ def test_a_mixed_cluster_needs_a_label_that_tells_models_apart():
 
 def test_a_label_shared_across_models_does_not_tell_them_apart():
     cluster = clean()
-    cluster.nodes.append(node("s5000-b", 128, 1280, **{PRODUCT: "MTT-S4000"}))
+    cluster.nodes.append(node("s5000-b", 128, 1280, labels={PRODUCT: "MTT-S4000"}))
     assert only(cluster, "labels").object == "Nodes"
 
 
