@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import copy
 import json
@@ -202,3 +203,9 @@ def kind_of(obj: Any) -> templates.Kind:
     found = templates.of(obj)
     assert found is not None, f"{obj.get('apiVersion')} {obj.get('kind')} is not in the kind table"
     return found
+
+
+def subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """A parser's subcommands by name: argparse keeps them in its `_SubParsersAction`, and nowhere public."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)

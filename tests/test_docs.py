@@ -26,6 +26,7 @@ from devtools.paths import CHART, REPO_ROOT
 from hami_mt_webhook.admission import chart
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings
+from tests.builders import subcommands
 
 README = REPO_ROOT / "README.md"
 #: Every document a user reads for how to run, install or configure this project.
@@ -49,7 +50,7 @@ def test_readme_configuration_table_lists_every_serve_setting_with_its_variable_
         flags, envs, defaults = (re.findall(r"`([^`]+)`", cell) for cell in row.split("|")[1:4])
         for i, flag in enumerate(flags):
             documented[flag] = (envs[i] if i < len(envs) else envs[0], defaults[i] if i < len(defaults) else "")
-    serve = cli.build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    serve = subcommands(cli.build_parser())["serve"]
     flags = {o for action in serve._actions for o in action.option_strings if o.startswith("--")} - {"--help"}
     known = {setting.flag: setting for setting in (*settings.SERVE, *settings.RULES)}
     assert flags == set(known), "a serve flag that is not a settings.Setting"
@@ -205,7 +206,7 @@ def missing_value(name: str, values: dict[str, Any], schema: dict[str, Any]) -> 
 
 def subcommand_flags(parser: argparse.ArgumentParser) -> dict[str, set[str]]:
     """Each subcommand's long options."""
-    choices = parser._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    choices = subcommands(parser)
     return {name: {o for a in sub._actions for o in a.option_strings if o.startswith("--")}
             for name, sub in choices.items()}
 

@@ -13,6 +13,7 @@ import pytest
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings as config
 from hami_mt_webhook.rules.config import Config
+from tests.builders import subcommands
 
 EXE = Path(sys.executable).parent / "hami-mt-webhook"
 NONE = dict.fromkeys(config.ENV.values())
@@ -237,8 +238,7 @@ def test_review_help_lists_the_rule_flags_with_their_env_vars(capsys):
 
 def _subparser(name: str):
     parser = cli.build_parser()
-    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
-    return sub.choices[name]
+    return subcommands(parser)[name]
 
 
 def test_installed_command_help():

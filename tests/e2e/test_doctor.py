@@ -127,7 +127,7 @@ def hami_device_config(per_card: str) -> dict[str, Any]:
 
 
 def test_hamis_webhook_and_its_memory_per_card(cp, hook, capsys):
-    hami = {
+    hami: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": "hami-webhook"},
         "webhooks": [{"name": "vgpu.hami.io", "admissionReviewVersions": ["v1beta1"], "sideEffects": "None",
