@@ -47,8 +47,8 @@ def test_readme_configuration_table_lists_every_serve_setting_with_its_variable_
     table = [line for line in _section(README.read_text(), "Configuration").splitlines() if line.startswith("| `")]
     documented: dict[str, tuple[str, str]] = {}
     for row in table:
-        flags, envs, defaults = (re.findall(r"`([^`]+)`", cell) for cell in row.split("|")[1:4])
-        for i, flag in enumerate(flags):
+        names, envs, defaults = (re.findall(r"`([^`]+)`", cell) for cell in row.split("|")[1:4])
+        for i, flag in enumerate(names):
             documented[flag] = (envs[i] if i < len(envs) else envs[0], defaults[i] if i < len(defaults) else "")
     serve = subcommands(cli.build_parser())["serve"]
     flags = {o for action in serve._actions for o in action.option_strings if o.startswith("--")} - {"--help"}

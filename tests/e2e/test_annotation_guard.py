@@ -63,7 +63,7 @@ def annotate(cp: ControlPlane, ns: str, name: str, *edits: str, user: str | None
     `kubectl annotate` cannot address)."""
     args = ["annotate", "pod", "-n", ns, name, "--overwrite", *edits]
     if status:
-        values = {k: v for k, _, v in (e.partition("=") for e in edits if "=" in e)}
+        values: dict[str, str | None] = {k: v for k, _, v in (e.partition("=") for e in edits if "=" in e)}
         values |= {e[:-1]: None for e in edits if e.endswith("-")}
         args = ["patch", "pod", "-n", ns, name, "--subresource=status", "--type=merge",
                 "-p", json.dumps({"metadata": {"annotations": values}})]

@@ -14,6 +14,7 @@ import json
 import signal
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,10 @@ INTERVAL = 10
 SLICE = {VGPU: 1, MEMORY: 32, CORE: 8}
 
 
+
+def served(controlplane: Any, resource: str) -> bool:
+    return controlplane.kubectl("get", resource, "-A", check=False).returncode == 0
+
 @pytest.fixture(scope="module")
 def auditor(controlplane: ControlPlane, webhook: LocalWebhook, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[LocalWebhook]:
@@ -42,7 +47,7 @@ def auditor(controlplane: ControlPlane, webhook: LocalWebhook, tmp_path_factory:
         controlplane.kubectl("apply", "--server-side", "-f", str(crd))
     for name in ("policyreports", "clusterpolicyreports"):
         controlplane.kubectl("wait", "--for=condition=Established", f"crd/{name}.wgpolicyk8s.io", "--timeout=60s")
-        until(f"{name} served", lambda n=name: controlplane.kubectl("get", n, "-A", check=False).returncode == 0, 60)
+        until(f"{name} served", partial(served, controlplane, name), 60)
     hook = replica(controlplane, tmp_path_factory.mktemp("auditor"), "e2e-auditor-0")
     try:
         yield hook

@@ -132,7 +132,7 @@ def test_webhooks_after_ours_that_change_nothing_checked_cost_no_validating_call
 
 
 #: One case per field the validating rules read: (pod's limits, extra spec, patch after ours, denial text).
-FIELDS = {
+FIELDS: dict[str, tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]], str | None]] = {
     "scheduler-name-retired": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},
                                [{"op": "replace", "path": "/spec/schedulerName", "value": RETIRED}], None),
     "scheduler-name-other": ({VGPU: 1, MEMORY: 32, CORE: 8}, {},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import subprocess
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,7 @@ def install(cp: ControlPlane, docs: list[dict[str, Any]]) -> None:
     for doc in docs:  # `kubectl wait` fails on a CRD whose status has no conditions yet
         name = doc["metadata"]["name"]
         wait_for(f"CRD {name} established",
-                 lambda name=name: cp.kubectl("get", "crd", name, jsonpath, check=False).stdout == "True", 60)
+                 partial(lambda crd: cp.kubectl("get", "crd", crd, jsonpath, check=False).stdout == "True", name), 60)
 
 
 @pytest.fixture(scope="module")
