@@ -5,17 +5,17 @@
 #
 #   scripts/build-cert-manager.sh
 #
-# The version is the one controlplane/cert-manager/go.mod requires (to move it: edit the require line and
+# The version is the one controlplane/commands/cert-manager/go.mod requires (to move it: edit the require line and
 # run `go mod tidy` there). cert-manager's own command modules (cmd/controller, cmd/cainjector, cmd/webhook
 # of its repository) are not served by the Go module proxy, so each command is a main package of
-# controlplane/cert-manager/ (one directory per command) over the packages of the module the proxy serves.
+# controlplane/commands/cert-manager/ (one directory per command) over the packages of the module the proxy serves.
 # Every directory with a main.go is built (controller, cainjector, webhook: ours, doing what upstream's cmd/*/app
 # do, which live only in those unserved modules; startup/ is what the three share). The Venafi client module those packages link is not served
-# either: go.mod replaces it with controlplane/cert-manager/vcert, a stand-in whose connections all fail.
+# either: go.mod replaces it with controlplane/commands/cert-manager/vcert, a stand-in whose connections all fail.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-mod_dir="$here/controlplane/cert-manager"
+mod_dir="$here/controlplane/commands/cert-manager"
 cache_root=${HAMI_MT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hami-mt-webhook}
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 
@@ -23,7 +23,7 @@ die() { echo "build-cert-manager: $*" >&2; exit 2; }
 
 m=github.com/cert-manager/cert-manager
 version=$(awk -v m=$m '$1 == "require" && $2 == m {print $3} $1 == m {print $2}' "$mod_dir/go.mod")
-[[ -n $version ]] || die "controlplane/cert-manager/go.mod requires no github.com/cert-manager/cert-manager"
+[[ -n $version ]] || die "controlplane/commands/cert-manager/go.mod requires no github.com/cert-manager/cert-manager"
 go_version=$(go env GOVERSION)
 # The key: the version, the Go version and our sources (the mains, go.mod, go.sum, the vcert stand-in), so an
 # edited main is built again here and on a machine that kept the old binaries.

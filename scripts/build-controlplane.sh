@@ -3,10 +3,10 @@
 # and helm from their Go modules into a cache keyed by version, outside the work tree, so a second run
 # (and CI on the same machine) takes seconds. Prints the cache directory on stdout; progress goes to stderr.
 #
-#   scripts/build-controlplane.sh                  the newest Kubernetes pinned in controlplane/kubernetes/
+#   scripts/build-controlplane.sh                  the newest Kubernetes pinned in controlplane/pins/kubernetes/
 #   KUBE_VERSION=floor scripts/build-controlplane.sh   the oldest pinned one (the chart's floor)
 #   KUBE_VERSION=1.33 scripts/build-controlplane.sh    any other minor (its newest patch) or exact version
-#   scripts/build-controlplane.sh --pin 1.30.14    (re)write controlplane/kubernetes/v1.30/ for a version
+#   scripts/build-controlplane.sh --pin 1.30.14    (re)write controlplane/pins/kubernetes/v1.30/ for a version
 #   ONLY=helm scripts/build-controlplane.sh        only the binaries named (a step that needs no cluster:
 #                                                  `make release` needs helm alone), into the same directory
 #
@@ -19,7 +19,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-cp_dir="$here/controlplane"
+cp_dir="$here/controlplane/pins"
 pins_dir="$cp_dir/kubernetes"
 cache_root=${HAMI_MT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hami-mt-webhook}
 export GOFLAGS=-mod=mod

@@ -5,12 +5,12 @@
 #
 #   scripts/build-kube-network-policies.sh
 #
-# The version is the one controlplane/kube-network-policies/go.mod requires (to move it: edit the require
-# line and run `go mod tidy` there). The command is controlplane/kube-network-policies/main.go (upstream's
+# The version is the one controlplane/commands/kube-network-policies/go.mod requires (to move it: edit the require
+# line and run `go mod tidy` there). The command is controlplane/commands/kube-network-policies/main.go (upstream's
 # cmd/main.go with a --kubeconfig: why is said there) over the packages of the module the Go module proxy
 # serves. One file of github.com/google/nftables is replaced for this build only: the build runs in a
 # temporary copy of that module directory, vendored (go mod vendor), where vendor/'s expr/queue.go of
-# github.com/google/nftables is overwritten by controlplane/kube-network-policies/_nftables/expr/queue.go,
+# github.com/google/nftables is overwritten by controlplane/commands/kube-network-policies/_nftables/expr/queue.go,
 # which sends nftables' queue expression as the xtables NFQUEUE target, for kernels built without nft_queue
 # (CONFIG_NFT_QUEUE); that file says why. (go build -overlay would be smaller, but refuses files of the
 # module cache.) The replaced file is checked against the digest of the one it was written from, so that
@@ -18,7 +18,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-mod_dir="$here/controlplane/kube-network-policies"
+mod_dir="$here/controlplane/commands/kube-network-policies"
 cache_root=${HAMI_MT_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/hami-mt-webhook}
 export GOFLAGS=-mod=mod CGO_ENABLED=0
 
@@ -26,7 +26,7 @@ die() { echo "build-kube-network-policies: $*" >&2; exit 2; }
 
 m=sigs.k8s.io/kube-network-policies
 version=$(awk -v m=$m '$1 == "require" && $2 == m {print $3} $1 == m {print $2}' "$mod_dir/go.mod")
-[[ -n $version ]] || die "controlplane/kube-network-policies/go.mod requires no $m"
+[[ -n $version ]] || die "controlplane/commands/kube-network-policies/go.mod requires no $m"
 go_version=$(go env GOVERSION)
 # The key: the version, the Go version and our sources (main.go, the nftables file, go.mod, go.sum), so an
 # edited source is built again here and on a machine that kept the old binary.

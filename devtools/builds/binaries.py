@@ -17,7 +17,7 @@ BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-controlplane.sh"
 BIN_ENV = "HAMI_MT_CONTROLPLANE_BIN"
 VERSION_ENV = "HAMI_MT_KUBE_VERSION"
 #: One directory per pinned Kubernetes minor (`v1.30`, ...): the oldest is the floor the chart declares.
-PINS_DIR = REPO_ROOT / "controlplane" / "kubernetes"
+PINS_DIR = REPO_ROOT / "controlplane" / "pins" / "kubernetes"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "helm")
 LOG_TAIL_LINES = 40
 
@@ -27,7 +27,7 @@ class ControlPlaneError(RuntimeError):
 
 
 def pinned_versions() -> list[str]:
-    """The Kubernetes versions pinned in controlplane/kubernetes/, oldest first:
+    """The Kubernetes versions pinned in controlplane/pins/kubernetes/, oldest first:
     ["v1.30.14", ..., "v1.37.2"]."""
     found = []
     for go_mod in PINS_DIR.glob("v1.*/go.mod"):

@@ -1,5 +1,5 @@
 """cert-manager on the node tier's clusters, installed as users install it: its own Helm chart (from the Go
-module github.com/cert-manager/cert-manager, the version controlplane/cert-manager/go.mod pins) with its
+module github.com/cert-manager/cert-manager, the version controlplane/commands/cert-manager/go.mod pins) with its
 controller, webhook and cainjector built here by scripts/build-cert-manager.sh, each an image FROM scratch
 that the nodes import into containerd (`NodeCluster(..., images=[..., *images().values()])`)."""
 
@@ -26,7 +26,7 @@ from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-cert-manager.sh"
-MODULE_DIR = REPO_ROOT / "controlplane" / "cert-manager"
+MODULE_DIR = REPO_ROOT / "controlplane" / "commands" / "cert-manager"
 MODULE = "github.com/cert-manager/cert-manager"
 COMPONENTS = ("controller", "webhook", "cainjector")
 NAMESPACE = "cert-manager"
@@ -39,7 +39,7 @@ class CertManagerError(RuntimeError):
 
 
 def version() -> str:
-    """The cert-manager version controlplane/cert-manager/go.mod requires (v1.21.2)."""
+    """The cert-manager version controlplane/commands/cert-manager/go.mod requires (v1.21.2)."""
     match = re.search(rf"^\s*(?:require\s+)?{re.escape(MODULE)} (v\S+)$", (MODULE_DIR / "go.mod").read_text(), re.M)
     if not match:
         raise CertManagerError(f"{MODULE_DIR / 'go.mod'} requires no {MODULE}")

@@ -55,7 +55,7 @@ NAME = "kube-network-policies"
 USER = "hami-mt:kube-network-policies"
 #: How `Enforcer.wait` sees a node's table (it shows the xtables NFQUEUE target as `queue num N`).
 NFT = "/usr/sbin/nft"
-PROBE_SOURCE = REPO_ROOT / "controlplane" / "netprobe"
+PROBE_SOURCE = REPO_ROOT / "controlplane" / "commands" / "netprobe"
 #: Upstream's ClusterRole (install.yaml of v0.8.0), bound to our user.
 RBAC = f"""\
 apiVersion: rbac.authorization.k8s.io/v1
@@ -109,7 +109,7 @@ def binary() -> Path:
 
 
 def probe_image() -> str:
-    """The probe pods' image (controlplane/netprobe), built once per state of its source, FROM scratch."""
+    """The probe pods' image (controlplane/commands/netprobe), built once per state of its source, FROM scratch."""
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(PROBE_SOURCE.iterdir()))).hexdigest()[:12]
     name = f"localhost/hami-mt-netprobe:{digest}"
     if image.exists(name):

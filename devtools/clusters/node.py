@@ -15,7 +15,7 @@ inside its namespace.
 Settings the machine needs (cgroup v1, no CAP_SYS_RESOURCE, no registry): kubelet on cgroupfs with its
 cgroup root under this process's memory cgroup (made in every v1 hierarchy), no node-allocatable
 enforcement, no swap or cgroup-v1 refusal, no iptables chains; containerd clamps OOM scores instead of
-lowering them, has no AppArmor, and its pod sandbox is a pause image built here (`controlplane/pause`).
+lowering them, has no AppArmor, and its pod sandbox is a pause image built here (`controlplane/commands/pause`).
 
 What belongs to a host, and so what its faults and its stop end, by PID: the processes in its network
 namespace (kubelet, containerd, containerd's shims, which outlive containerd) but the namespace's
@@ -56,7 +56,7 @@ POD_NETWORK = "10.244.0.0/16"
 FABRIC_IP = "10.244.0.1"
 #: Where the tier's processes and the test process meet: the API server's port inside the fabric.
 APISERVER_PORT = 443
-PAUSE_SOURCE = REPO_ROOT / "controlplane" / "pause"
+PAUSE_SOURCE = REPO_ROOT / "controlplane" / "commands" / "pause"
 CACHE = paths.CACHE / "node"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTAINERD = "/usr/bin/containerd"

@@ -30,7 +30,8 @@ def test_the_pins_the_doctor_the_chart_and_the_docs_name_one_range():
     readme = " ".join((REPO_ROOT / "README.md").read_text().split())
     for pin in pins:
         major, minor = _minor(pin)
-        assert re.search(rf"`controlplane/kubernetes/v{major}\.{minor}/`( pins Kubernetes)? {re.escape(pin)}\b", readme)
+        pinned = rf"`controlplane/pins/kubernetes/v{major}\.{minor}/`( pins Kubernetes)? {re.escape(pin)}\b"
+        assert re.search(pinned, readme)
 
 
 def test_compat_covers_every_minor_between_the_pins():
