@@ -49,9 +49,9 @@ RUN_NODE := $(if $(filter-out 0,$(NODES)),1)
 run: setup controlplane $(RUN_PROMETHEUS) $(if $(RUN_NODE),node-tools)  ## local control plane + webhook + example nodes; Ctrl-C stops everything (INSTALL=helm: the chart; NODE=1: the chart on a real node; NODES=3: on 3)
 ifeq ($(RUN_NODE),1)
 	$(MAKE) --no-print-directory image IMAGE_BASES=$(RUN_IMAGE_BASES)
-	$(PY) -m devtools.clusters.local --nodes $(NODES)
+	$(PY) -m devtools.run --nodes $(NODES)
 else
-	$(PY) -m devtools.clusters.local --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
+	$(PY) -m devtools.run --install $(INSTALL) $(if $(RUN_PROMETHEUS),--prometheus)
 endif
 
 # cosign, syft and actionlint, built from their Go modules into a cache outside the tree (once per version and

@@ -3,9 +3,11 @@ imports the package, never the reverse. Each folder is one concern, and imports 
 (import-linter checks both):
 
     bench/      `make bench`, one module per part
+    run         `make run`: the webhook beside a local control plane, or the chart on real nodes
     scenarios/  run on a cluster: faults (`make faults`), renewals (`make renewals`), compat (`make compat`)
-    clusters/   what the tests run against: the control plane, real nodes, the chart installed on them
-                (`local`, also `make run`), the registry, cert-manager, HAMi, the network-policy enforcer
+    clusters/   what the tests run against: the control plane, real nodes, the chart as a Helm release on
+                them (`helm_release`), the webhook as a local process (`local`), the registry,
+                cert-manager, HAMi, the network-policy enforcer
     load/       traffic, hostile clients, a fleet of Node objects, a slow link
     release/    `make release` (its `__init__`), the notes (`changelog`), the previous release (`previous`)
     builds/     built once and cached: the control plane's binaries, the image, the wheel, OCI archives

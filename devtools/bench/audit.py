@@ -36,7 +36,7 @@ import yaml
 from devtools.bench import scale_rig
 from devtools.bench.report import Section, fmt, percentile, samples, table
 from devtools.clusters import policyreports
-from devtools.clusters.local import NAMESPACE
+from devtools.clusters.helm_release import NAMESPACE
 from devtools.gpus import MEMORY, S4000, S5000, VGPU
 from devtools.load import fleet
 from devtools.paths import CHART

@@ -266,7 +266,8 @@ def _api_ssl(cp: Any) -> ssl.SSLContext:
 
 def part_hops(opts: argparse.Namespace, workdir: Path) -> Section:
     from devtools.clusters.controlplane import ControlPlane
-    from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
+    from devtools.clusters.helm_release import apply_nodes, example_nodes
+    from devtools.clusters.local import LocalWebhook
 
     rounds, pods, rate = opts.hops_rounds, max(1, opts.pods // opts.hops_rounds), opts.rate
     print(f"[hops] starting etcd and kube-apiserver; {rounds} rounds of {pods} pods per configuration "

@@ -20,8 +20,8 @@ from pathlib import Path
 
 from devtools.builds import image
 from devtools.builds.binaries import binaries as controlplane_binaries
-from devtools.clusters import local
-from devtools.clusters.local import helm
+from devtools.clusters import helm_release
+from devtools.clusters.helm_release import helm
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 
@@ -151,7 +151,7 @@ def cluster_with_chart(version: str | None = None, nodes: int = 1,
     try:
         cluster.start()
         install(cluster, values=cert_manager)
-        local.install_chart_on_node(cluster, values=["certManager.enabled=true"])
+        helm_release.install_chart_on_node(cluster, values=["certManager.enabled=true"])
         yield cluster
     finally:
         cluster.stop()

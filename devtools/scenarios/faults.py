@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from devtools import paths
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, Outcome, creating
 from hami_mt_webhook.service.peerview import CONDITION
@@ -39,8 +39,8 @@ __all__ = ["FAULTS", "GRAY", "Count", "EndpointWatch", "Fault", "Faults", "gray"
 RATE = 20  # slice pods per second
 #: Seconds of traffic before the fault, so the figures start from a steady state.
 LEAD = 3.0
-NAMESPACE = local.NAMESPACE
-SERVICE = local.RELEASE
+NAMESPACE = helm_release.NAMESPACE
+SERVICE = helm_release.RELEASE
 
 
 @dataclass
@@ -245,7 +245,7 @@ class Faults:
         self.killed = ""
 
     def replicas(self) -> list[dict[str, Any]]:
-        return local.replicas(self.cluster)
+        return helm_release.replicas(self.cluster)
 
     def victim(self, node: str) -> dict[str, Any]:
         (pod,) = [p for p in self.replicas() if p["spec"].get("nodeName") == node]
@@ -260,7 +260,7 @@ class Faults:
             ready = [p for p in pods if all(c["status"] == "True" for c in p["status"].get("conditions", [])
                                             if c["type"] in ("Ready", CONDITION))
                      and any(c["type"] == "Ready" for c in p["status"].get("conditions", []))]
-            if len(ready) == local.REPLICAS == len(pods):
+            if len(ready) == helm_release.REPLICAS == len(pods):
                 return
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the replicas did not settle: {[p['metadata']['name'] for p in ready]} Ready")
@@ -277,7 +277,7 @@ class Faults:
         return max(self.replicas(), key=connections)
 
     def scrape(self, pod: dict[str, Any]) -> str:
-        return local.scrape(self.cluster, pod)
+        return helm_release.scrape(self.cluster, pod)
 
     def observe(self, victim: dict[str, Any], result: Count) -> None:
         """What an operator reads about `victim` now: its gate's message, the others' failure ratio of it."""
@@ -360,7 +360,7 @@ def cluster_with_chart(version: str | None, values: tuple[str, ...] = ()) -> Ite
     cluster = NodeCluster(3, version=version, labels=[{}, {}, {"mthreads.com/gpu-node": "true"}])
     try:
         cluster.start()
-        local.install_chart_on_node(cluster, values=values)
+        helm_release.install_chart_on_node(cluster, values=values)
         yield cluster
     finally:
         cluster.stop()
@@ -414,8 +414,9 @@ def main(argv: list[str] | None = None) -> int:
             faults = Faults(cluster, lt)
             for i, mode in enumerate(modes):
                 if i:
-                    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE,
-                               "--reuse-values", "--set", f"failover.enabled={mode == 'on'}".lower(), "--wait")
+                    helm_release.helm(cluster.controlplane, "upgrade", helm_release.RELEASE, str(paths.CHART),
+                                      "-n", NAMESPACE, "--reuse-values", "--set",
+                                      f"failover.enabled={mode == 'on'}".lower(), "--wait")
                 for key in keys:
                     result = faults.measure(key)
                     rows[key][mode] = result

@@ -31,14 +31,14 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
 from devtools import paths
-from devtools.clusters import certmanager, local
+from devtools.clusters import certmanager, helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, PodCreator, creating, slice_pod
 from devtools.waiting import seconds_until
 from hami_mt_webhook.admission.configurations import webhook_configurations
 
 RATE = 20.0
-NAMESPACE = local.NAMESPACE
+NAMESPACE = helm_release.NAMESPACE
 SERVING = "hami-mt-webhook"
 ROOT = "hami-mt-webhook-root"
 SELF_SIGNED = "hami-mt-webhook-selfsigned"
@@ -75,8 +75,8 @@ def ca_bundles(cluster: NodeCluster) -> dict[str, list[x509.Certificate]]:
 
 
 def replicas(cluster: NodeCluster) -> list[dict[str, Any]]:
-    """The replicas running (`local.replicas` of them): one starting has no certificate to show yet."""
-    return [p for p in local.replicas(cluster, terminating=True) if p["status"].get("phase") == "Running"]
+    """The replicas running (`helm_release.replicas` of them): one starting has no certificate to show yet."""
+    return [p for p in helm_release.replicas(cluster, terminating=True) if p["status"].get("phase") == "Running"]
 
 
 def served_expiries(cluster: NodeCluster) -> dict[str, float]:
@@ -84,7 +84,7 @@ def served_expiries(cluster: NodeCluster) -> dict[str, float]:
     out = {}
     for pod in replicas(cluster):
         name = pod["metadata"]["name"]
-        found = EXPIRY_METRIC.search(local.scrape(cluster, pod))
+        found = EXPIRY_METRIC.search(helm_release.scrape(cluster, pod))
         out[str(name)] = float(found[1]) if found else 0.0
     return out
 
@@ -133,7 +133,7 @@ def wait_served(cluster: NodeCluster, cert: x509.Certificate, timeout: float = S
 
 
 def upgrade(cluster: NodeCluster, *values: str) -> None:
-    local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE,
+    helm_release.helm(cluster.controlplane, "upgrade", helm_release.RELEASE, str(paths.CHART), "-n", NAMESPACE,
                "--reuse-values", *(a for v in values for a in ("--set", v)))
 
 

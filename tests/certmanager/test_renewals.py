@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from devtools import paths
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread
 from devtools.scenarios import renewals
@@ -67,14 +67,14 @@ def test_a_fresh_install_with_cert_manager_admits_from_its_first_replica(chart: 
     every caBundle from the first render (none is rendered), and slice pods are admitted once the replicas are
     Ready. Last in the tier: it removes the release the renewals ran on."""
     cp = chart.controlplane
-    local.helm(cp, "uninstall", local.RELEASE, "-n", renewals.NAMESPACE, "--wait", "--timeout", "120s")
+    helm_release.helm(cp, "uninstall", helm_release.RELEASE, "-n", renewals.NAMESPACE, "--wait", "--timeout", "120s")
     # cert-manager leaves the Secrets it wrote; a cluster that never had the chart has none
     chart.kubectl("delete", "secret", "-n", renewals.NAMESPACE, renewals.SECRET, renewals.ROOT,
                   "--ignore-not-found")
     started = time.monotonic()
-    local.helm(cp, "install", local.RELEASE, str(paths.CHART), "-n", renewals.NAMESPACE,
-               "--set", f"image.repository={local.NODE_IMAGE_REPOSITORY}", "--set", "certManager.enabled=true")
-    seconds_until("3 replicas Ready", lambda: local.ready_replicas(chart) == 3, 180)
+    helm_release.helm(cp, "install", helm_release.RELEASE, str(paths.CHART), "-n", renewals.NAMESPACE,
+               "--set", f"image.repository={helm_release.NODE_IMAGE_REPOSITORY}", "--set", "certManager.enabled=true")
+    seconds_until("3 replicas Ready", lambda: helm_release.ready_replicas(chart) == 3, 180)
     ready = time.monotonic() - started
     root = renewals.secret_certificate(chart, renewals.ROOT)
     seconds_until("the root alone in every caBundle", lambda: all(

@@ -14,7 +14,8 @@ import pytest
 
 from devtools.builds import wheel
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters.helm_release import apply_nodes, example_nodes
+from devtools.clusters.local import LocalWebhook
 
 from .support import RETIRED, TAINT, running, serving_from_wheel
 

@@ -23,7 +23,8 @@ import yaml
 
 from devtools.clusters import policyreports
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import NAMESPACE, LocalWebhook
+from devtools.clusters.helm_release import NAMESPACE
+from devtools.clusters.local import LocalWebhook
 from devtools.waiting import until
 from hami_mt_webhook.cli import main as cli
 

@@ -24,7 +24,8 @@ import yaml
 
 from devtools.clusters import manifests, monitoring
 from devtools.clusters.controlplane import ControlPlane, binaries
-from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters.helm_release import apply_nodes, example_nodes
+from devtools.clusters.local import LocalWebhook
 from devtools.paths import CHART
 from hami_mt_webhook.admission import chart
 from hami_mt_webhook.cli import main as cli

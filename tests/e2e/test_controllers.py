@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from devtools.clusters.local import apply_nodes
+from devtools.clusters.helm_release import apply_nodes
 from devtools.waiting import until
 
 from .support import CORE, IMAGE, MEMORY, VGPU, apply, stored

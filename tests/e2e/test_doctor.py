@@ -20,7 +20,8 @@ import yaml
 
 from devtools.clusters import manifests
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters.helm_release import apply_nodes, example_nodes
+from devtools.clusters.local import LocalWebhook
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.doctor import fetch
 from hami_mt_webhook.service import certs

@@ -19,7 +19,8 @@ import pytest
 
 from devtools import procs
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import NAMESPACE, LocalWebhook
+from devtools.clusters.helm_release import NAMESPACE
+from devtools.clusters.local import LocalWebhook
 from hami_mt_webhook.service.peerview import CONDITION
 
 from .support import metric, wait_for

@@ -23,7 +23,8 @@ import yaml
 
 from devtools.clusters import monitoring
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import NAMESPACE, LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters.helm_release import NAMESPACE, apply_nodes, example_nodes
+from devtools.clusters.local import LocalWebhook
 
 from .mutators import LoopbackWebhook
 from .support import IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, metric, pod, wait_for

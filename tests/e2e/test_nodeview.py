@@ -21,7 +21,8 @@ import orjson
 import pytest
 
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters.helm_release import apply_nodes, example_nodes
+from devtools.clusters.local import LocalWebhook
 from devtools.load import fleet
 from devtools.load.traffic import LoopThread
 from hami_mt_webhook.service import watch

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import apply_nodes
+from devtools.clusters.helm_release import apply_nodes
 from devtools.gpus import HOSTNAME, S5000, ZONES
 from devtools.waiting import until
 

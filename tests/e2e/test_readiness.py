@@ -11,7 +11,8 @@ import json
 import time
 
 from devtools.clusters.controlplane import ControlPlane
-from devtools.clusters.local import LocalWebhook, apply_nodes, example_nodes
+from devtools.clusters.helm_release import apply_nodes, example_nodes
+from devtools.clusters.local import LocalWebhook
 
 from .support import MEMORY, ON_S5000, VGPU, apply, pod
 

@@ -35,7 +35,7 @@ class Run:
                  extra: tuple[str, ...] = ()) -> None:
         self.dir = base
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "devtools.clusters.local", "--dir", str(base),
+            [sys.executable, "-m", "devtools.run", "--dir", str(base),
              "--restart-delay", str(restart_delay), "--install", install, *extra],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             start_new_session=True, cwd=REPO_ROOT)

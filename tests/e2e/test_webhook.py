@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from devtools import gpus
-from devtools.clusters.local import apply_nodes
+from devtools.clusters.helm_release import apply_nodes
 from devtools.waiting import until
 
 from .support import (

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from devtools import paths
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.clusters.netpol import Enforcer
 from devtools.clusters.node import FABRIC_IP
 from devtools.clusters.nodes import NodeCluster
@@ -39,7 +39,7 @@ from tests.node.pods import connect, in_pod, pause_pod
 
 from .conftest import MEASURED
 
-NS = local.NAMESPACE
+NS = helm_release.NAMESPACE
 #: One pod's flood: (kind, port, connections), 19,000 in all: the probe port's request line and then a header
 #: byte every 10 s (the measured attack), kept-alive idle connections on the metrics port, and TCP connections
 #: that never start a TLS handshake on the webhook port.
@@ -157,7 +157,8 @@ def enforced(cluster: NodeCluster, faults: Faults) -> Iterator[Enforcer]:
     try:
         yield enforcer
     finally:
-        local.helm(cluster.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NS, "--reuse-values",
+        helm_release.helm(cluster.controlplane, "upgrade", helm_release.RELEASE, str(paths.CHART), "-n", NS,
+                          "--reuse-values",
                    "--set", "networkPolicy.enabled=false")
         enforcer.stop()
 
@@ -167,7 +168,7 @@ def test_the_policies_go_in_and_replicas_roll_and_crash_with_no_pod_refused(
     cp = cluster.controlplane
     with creating(cp, lt, "lockdown-install", RATE, 25) as installing:
         time.sleep(3)
-        local.helm(cp, "upgrade", local.RELEASE, str(paths.CHART), "-n", NS, "--reuse-values",
+        helm_release.helm(cp, "upgrade", helm_release.RELEASE, str(paths.CHART), "-n", NS, "--reuse-values",
                    *(a for v in POLICY for a in ("--set", v)))
     policies = json.loads(cluster.kubectl("get", "networkpolicies", "-n", NS, "-o", "json").stdout)["items"]
     assert sorted(p["metadata"]["name"] for p in policies) == [
@@ -175,8 +176,8 @@ def test_the_policies_go_in_and_replicas_roll_and_crash_with_no_pod_refused(
     faults.settled()
     with creating(cp, lt, "lockdown-rollout", RATE, 60) as rolling:
         time.sleep(3)
-        cluster.kubectl("rollout", "restart", "deployment", local.RELEASE, "-n", NS)
-        cluster.kubectl("rollout", "status", "deployment", local.RELEASE, "-n", NS, "--timeout=55s", timeout=60)
+        cluster.kubectl("rollout", "restart", "deployment", helm_release.RELEASE, "-n", NS)
+        cluster.kubectl("rollout", "status", "deployment", helm_release.RELEASE, "-n", NS, "--timeout=55s", timeout=60)
     faults.settled()  # the new pods Ready: kubelet's probes and the replicas' probes of each other got through
     crash = faults.measure("crash")
     enforced.check()

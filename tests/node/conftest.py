@@ -19,7 +19,7 @@ import pytest
 from devtools import paths
 from devtools.builds import image
 from devtools.builds.binaries import ControlPlaneError, pinned_versions
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, creating
 from devtools.release import previous
@@ -28,12 +28,12 @@ from tests.tiers import only_when_selected, report_measured
 from .replicas import failover, failover_working, replicas, rolled_out, wait_for
 
 NODE_DIR = Path(__file__).resolve().parent
-NAMESPACE = local.NAMESPACE
+NAMESPACE = helm_release.NAMESPACE
 RATE = 20  # slice pods created per second under every change of the chart's Deployment
 #: Long enough for a rollout of 3 replicas (each with its 5 s preStop) and failover's settling after it.
 UPGRADE_SECONDS = 60
 #: The values the install and every upgrade give (`install_chart_on_node`'s own: the image built here).
-USER_VALUES = ("--set", f"image.repository={local.NODE_IMAGE_REPOSITORY}")
+USER_VALUES = ("--set", f"image.repository={helm_release.NODE_IMAGE_REPOSITORY}")
 #: Lines for the summary at the end of the run: what the tier measured.
 MEASURED: list[str] = []
 
@@ -98,15 +98,15 @@ def upgrades_run(node: NodeCluster) -> bool:
 @pytest.fixture(scope="session")
 def chart(node: NodeCluster, lt: LoopThread) -> Iterator[NodeCluster]:
     """The previous release's chart and image (`devtools.release.previous`) installed as the README's Install section
-    says (`devtools.clusters.local.install_chart_on_node`, what `make run NODE=1` runs too), then `helm upgrade` to this
-    tree's chart with the values it was installed with while RATE slice pods a second are created: the
-    upgraded release is what every module of the tier works on, 3 replicas Ready through their probes. The
-    upgrade's outcome is recorded in UPGRADES, not judged here, so one refused pod fails one test. On the
-    floor (`upgrades_run`), this tree's chart installed directly."""
+    says (`devtools.clusters.helm_release.install_chart_on_node`, what `make run NODE=1` runs too), then `helm
+    upgrade` to this tree's chart with the values it was installed with while RATE slice pods a second are created:
+    the upgraded release is what every module of the tier works on, 3 replicas Ready through their probes. The
+    upgrade's outcome is recorded in UPGRADES, not judged here, so one refused pod fails one test. On the floor
+    (`upgrades_run`), this tree's chart installed directly."""
     rel = previous.RELEASE
     upgrading = upgrades_run(node)
     try:
-        seconds = local.install_chart_on_node(node, chart=[str(rel.chart), *USER_VALUES, "--set",
+        seconds = helm_release.install_chart_on_node(node, chart=[str(rel.chart), *USER_VALUES, "--set",
                                                            f"image.tag={rel.tag}"] if upgrading else None)
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
@@ -118,7 +118,8 @@ def chart(node: NodeCluster, lt: LoopThread) -> Iterator[NodeCluster]:
     started = time.monotonic()
     with creating(node.controlplane, lt, "load-upgrade", RATE, UPGRADE_SECONDS) as creator:
         time.sleep(3)
-        local.helm(node.controlplane, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, *USER_VALUES)
+        helm_release.helm(node.controlplane, "upgrade", helm_release.RELEASE, str(paths.CHART), "-n", NAMESPACE,
+                          *USER_VALUES)
         rolled_out(node)
         took = time.monotonic() - started - 3
         wait_for("failover: every replica gated and hearing the others", lambda: failover_working(node), 60)

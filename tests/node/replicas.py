@@ -8,14 +8,14 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from devtools.clusters import local
-from devtools.clusters.local import replicas
+from devtools.clusters import helm_release
+from devtools.clusters.helm_release import replicas
 from devtools.clusters.nodes import NodeCluster
 from devtools.scenarios.faults import CONDITION
 from devtools.waiting import seconds_until
 
-NAMESPACE = local.NAMESPACE
-DEPLOYMENT = f"deployment/{local.RELEASE}"
+NAMESPACE = helm_release.NAMESPACE
+DEPLOYMENT = f"deployment/{helm_release.RELEASE}"
 #: The probe port, where a replica answers `/peers` (failover's view of the others).
 PROBE_PORT = 8080
 
@@ -57,5 +57,5 @@ def failover(node: NodeCluster) -> dict[str, Any]:
 def failover_working(node: NodeCluster) -> bool:
     """Every replica gated, hearing every other one and holding none silent."""
     state = failover(node)
-    return len(state) == local.REPLICAS and all(
+    return len(state) == helm_release.REPLICAS and all(
         s["gate"] and set(s["heard"]) >= set(state) - {name} and not s["silent"] for name, s in state.items())

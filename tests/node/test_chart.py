@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 
 from .conftest import MEASURED, NAMESPACE
@@ -26,7 +26,7 @@ def test_three_replicas_ready_behind_the_service(chart: NodeCluster) -> None:
         assert pod["spec"]["containers"][0]["image"].startswith("localhost/hami-mt-webhook:")
         assert pod["spec"]["nodeName"] == chart.names[0]
     slices = json.loads(chart.kubectl("get", "endpointslices", "-n", NAMESPACE, "-l",
-                                      f"kubernetes.io/service-name={local.RELEASE}", "-o", "json").stdout)
+                                      f"kubernetes.io/service-name={helm_release.RELEASE}", "-o", "json").stdout)
     addresses = {a for s in slices["items"] for e in s.get("endpoints") or []
                  if (e.get("conditions") or {}).get("ready") for a in e["addresses"]}
     assert addresses == {p["status"]["podIP"] for p in running}

@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.clusters.node import hierarchies, leftovers, own_memory_cgroup
 from tests.e2e.support import found
 
@@ -48,7 +48,7 @@ def test_make_run_on_the_node_serves_from_the_replicas_and_leaves_nothing() -> N
             assert done.returncode == 0, done.stderr
             return done
 
-        ready = k("get", "deployment", local.RELEASE, "-n", local.NAMESPACE, "-o",
+        ready = k("get", "deployment", helm_release.RELEASE, "-n", helm_release.NAMESPACE, "-o",
                   "jsonpath={.status.readyReplicas}").stdout
         assert ready == "3"
         k("create", "namespace", "team-run")
@@ -57,8 +57,8 @@ def test_make_run_on_the_node_serves_from_the_replicas_and_leaves_nothing() -> N
         resources = pod["spec"]["containers"][0]["resources"]
         assert resources["requests"] == resources["limits"]
         # The webhook is the replicas: its Service's endpoints are their pods on the node.
-        slices = json.loads(k("get", "endpointslices", "-n", local.NAMESPACE, "-l",
-                              f"kubernetes.io/service-name={local.RELEASE}", "-o", "json").stdout)
+        slices = json.loads(k("get", "endpointslices", "-n", helm_release.NAMESPACE, "-l",
+                              f"kubernetes.io/service-name={helm_release.RELEASE}", "-o", "json").stdout)
         assert len({a for s in slices["items"] for e in s.get("endpoints") or [] for a in e["addresses"]}) == 3
 
         assert run.stop(signal.SIGINT, timeout=180) == 0

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from devtools import paths
-from devtools.clusters import local, manifests
+from devtools.clusters import helm_release, manifests
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, PodCreator, creating
 from hami_mt_webhook import __version__
@@ -93,7 +93,7 @@ def replica_metric(node: NodeCluster, pod_name: str, metric: str) -> float | Non
 
 
 def helm(node: NodeCluster, *args: str) -> None:
-    local.helm(node.controlplane, *args)
+    helm_release.helm(node.controlplane, *args)
 
 
 def test_helm_upgrade_from_the_previous_release_loses_no_pod(chart: NodeCluster) -> None:
@@ -105,9 +105,9 @@ def test_helm_upgrade_from_the_previous_release_loses_no_pod(chart: NodeCluster)
     (done,) = UPGRADES
     assert done.failures == [], done.failures[:5]
     assert done.created == done.total
-    assert done.images == [f"{local.NODE_IMAGE_REPOSITORY}:{__version__}"]
-    assert len(done.failover) == local.REPLICAS and all(s["gate"] for s in done.failover.values()), done.failover
-    assert all(len(s["heard"]) >= local.REPLICAS - 1 and not s["silent"] for s in done.failover.values())
+    assert done.images == [f"{helm_release.NODE_IMAGE_REPOSITORY}:{__version__}"]
+    assert len(done.failover) == helm_release.REPLICAS and all(s["gate"] for s in done.failover.values()), done.failover
+    assert all(len(s["heard"]) >= helm_release.REPLICAS - 1 and not s["silent"] for s in done.failover.values())
     assert_replicas_healthy(chart)
 
 
@@ -153,14 +153,14 @@ def test_helm_upgrade_of_a_value_loses_no_pod_and_takes_effect(chart: NodeCluste
     mixed = pod("mixed", {VGPU: 1, WHOLE: 1})
     with load(chart, lt, "helm upgrade --set enforcement=warn and back", 60):
         time.sleep(3)
-        helm(chart, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, "--reuse-values",
+        helm(chart, "upgrade", helm_release.RELEASE, str(paths.CHART), "-n", NAMESPACE, "--reuse-values",
              "--set", "enforcement=warn")
         rolled_out(chart)
         ns = "upgrade-check"
         chart.kubectl("create", "namespace", ns)
         warned = chart.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(mixed))
         assert "would deny" in warned.stderr, warned.stderr  # warn is in force: created, with the warning
-        helm(chart, "upgrade", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, "--reuse-values",
+        helm(chart, "upgrade", helm_release.RELEASE, str(paths.CHART), "-n", NAMESPACE, "--reuse-values",
              "--set", "enforcement=deny")
         rolled_out(chart)
         mixed["metadata"]["name"] = "mixed-again"
@@ -176,7 +176,7 @@ def test_a_rotated_certificate_is_reloaded_without_a_restart_and_loses_no_pod(ch
     `..data`), every replica serves the new certificate without a restart, then only the new CA is
     trusted."""
     ca = certs.new_ca()
-    names = certs.service_names(local.RELEASE, NAMESPACE)
+    names = certs.service_names(helm_release.RELEASE, NAMESPACE)
     serving = certs.issue(ca, names[2], dns=names)
     secret = json.loads(chart.kubectl("get", "secret", "hami-mt-webhook-tls", "-n", NAMESPACE, "-o", "json").stdout)
     old_ca = base64.b64decode(secret["data"]["ca.crt"])
@@ -225,7 +225,7 @@ def test_with_every_replica_gone_slice_pods_are_refused_and_whole_cards_created(
 
 def test_uninstall_leaves_no_webhook_configuration_or_policy(chart: NodeCluster) -> None:
     assert_replicas_healthy(chart)
-    helm(chart, "uninstall", local.RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
+    helm(chart, "uninstall", helm_release.RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "120s")
     for kind, name in CONFIGS:
         assert chart.kubectl("get", kind, name, check=False).returncode != 0, (kind, name)
     policies = chart.kubectl("get", "validatingadmissionpolicies,validatingadmissionpolicybindings",
@@ -273,7 +273,7 @@ def test_from_the_kustomize_base_to_the_chart_loses_no_pod(chart: NodeCluster, l
                   *(f"--from-file={tmp_path / 'certs' / f}" for f in ("tls.crt", "tls.key", "ca.crt")))
     chart.kubectl("apply", "-k", str(overlay))
     chart.kubectl("apply", "-f", str(tmp_path / "certs" / "webhook-configurations.yaml"))
-    wait_for("the kustomize base's 3 replicas Ready", lambda: len(ready(chart)) == local.REPLICAS)
+    wait_for("the kustomize base's 3 replicas Ready", lambda: len(ready(chart)) == helm_release.REPLICAS)
     bundles = ca_bundles(chart)
     objects = [(d["kind"], d["metadata"]["name"], d["metadata"].get("namespace"))
                for d in yaml.safe_load_all(chart.kubectl("kustomize", str(overlay)).stdout) if d["kind"] != "Namespace"]
@@ -282,17 +282,17 @@ def test_from_the_kustomize_base_to_the_chart_loses_no_pod(chart: NodeCluster, l
         for kind, name, namespace in [*objects, ("Secret", TLS_SECRET, NAMESPACE)]:
             where = ["-n", namespace] if namespace else []
             chart.kubectl("label", kind, name, *where, "app.kubernetes.io/managed-by=Helm", "--overwrite")
-            chart.kubectl("annotate", kind, name, *where, f"meta.helm.sh/release-name={local.RELEASE}",
+            chart.kubectl("annotate", kind, name, *where, f"meta.helm.sh/release-name={helm_release.RELEASE}",
                           f"meta.helm.sh/release-namespace={NAMESPACE}", "--overwrite")
         # Helm 4 applies server-side: the fields `kubectl apply` set are another manager's until forced over.
-        helm(chart, "upgrade", "--install", local.RELEASE, str(paths.CHART), "-n", NAMESPACE, *USER_VALUES,
+        helm(chart, "upgrade", "--install", helm_release.RELEASE, str(paths.CHART), "-n", NAMESPACE, *USER_VALUES,
              "--force-conflicts")
         rolled_out(chart)
         took = wait_for("failover: every replica gated and hearing the others", lambda: failover_working(chart), 60)
         MEASURED.append(f"kustomize base to chart: failover settled {took:.0f} s after the rollout")
     assert ca_bundles(chart) == bundles, "the caBundle changed"
     assert len(set(bundles.values())) == 1
-    listed = local.helm(chart.controlplane, "get", "manifest", local.RELEASE, "-n", NAMESPACE).stdout
+    listed = helm_release.helm(chart.controlplane, "get", "manifest", helm_release.RELEASE, "-n", NAMESPACE).stdout
     assert all(f"name: {name}" in listed for _, name, _ in objects)
 
 
@@ -306,7 +306,7 @@ def image_overlay(dest: Path) -> Path:
     (dest / "overlay").mkdir()
     (dest / "overlay" / "kustomization.yaml").write_text(yaml.safe_dump({
         "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization", "resources": ["../base"],
-        "images": [{"name": "hami-mt-webhook", "newName": local.NODE_IMAGE_REPOSITORY, "newTag": __version__}]}))
+        "images": [{"name": "hami-mt-webhook", "newName": helm_release.NODE_IMAGE_REPOSITORY, "newTag": __version__}]}))
     return dest / "overlay"
 
 

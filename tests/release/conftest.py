@@ -22,7 +22,7 @@ import pytest
 
 from devtools import paths, release
 from devtools.builds.binaries import ControlPlaneError
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.clusters.registry import Registry, RegistryError
 from tests.tiers import only_when_selected, report_measured
@@ -116,7 +116,7 @@ def installed(published: Published) -> Published:
     """The chart from the registry, with nothing set but where the nodes reach the registry."""
     chart = [f"oci://{published.made['chart']}", "--version", published.version, "--plain-http"]
     try:
-        seconds = local.install_chart_on_node(published.cluster, chart=chart,
+        seconds = helm_release.install_chart_on_node(published.cluster, chart=chart,
                                               values=[f"image.registry={published.registry.address}"])
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)

@@ -16,7 +16,7 @@ import yaml
 
 from devtools import release
 from devtools.builds import image, oci, wheel
-from devtools.clusters import local
+from devtools.clusters import helm_release
 from devtools.paths import REPO_ROOT
 from tests.release.conftest import MEASURED, Published
 
@@ -28,7 +28,7 @@ SLICE_POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "slice"},
 
 def pods(p: Published) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = json.loads(
-        p.cluster.kubectl("get", "pods", "-n", local.NAMESPACE, "-o", "json").stdout)["items"]
+        p.cluster.kubectl("get", "pods", "-n", helm_release.NAMESPACE, "-o", "json").stdout)["items"]
     return items
 
 
