@@ -147,6 +147,21 @@ def exists(name: str) -> bool:
     return run("image", "exists", name, check=False).returncode == 0
 
 
+def go_command(source: Path, repository: str, user: str = "65535:65535") -> str:
+    """The Go command in `source` (a directory of this tree), built static and alone in an image FROM scratch,
+    `localhost/<repository>:<12 hex of its source's sha256>`: built once per state of its source."""
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(source.iterdir()))).hexdigest()[:12]
+    name = f"localhost/{repository}:{digest}"
+    if exists(name):
+        return name
+    command = source.name
+    with tempfile.TemporaryDirectory(prefix=f"{repository}-") as tmp:
+        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", f"{tmp}/{command}", "."],
+                       cwd=source, env={**os.environ, "CGO_ENABLED": "0"}, check=True, capture_output=True,
+                       timeout=600)
+        return from_scratch(name, Path(tmp, command), f"/{command}", user)
+
+
 def from_scratch(name: str, binary: Path, path: str, user: str) -> str:
     """`binary` alone in an image FROM scratch, at `path`, its entrypoint, run as `user` (numeric, so a chart's
     runAsNonRoot holds), tagged `name`: built only when podman lacks that tag (name it by the binary's digest)."""

@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -110,18 +108,7 @@ def binary() -> Path:
 
 def probe_image() -> str:
     """The probe pods' image (controlplane/commands/netprobe), built once per state of its source, FROM scratch."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(PROBE_SOURCE.iterdir()))).hexdigest()[:12]
-    name = f"localhost/hami-mt-netprobe:{digest}"
-    if image.exists(name):
-        return name
-    with tempfile.TemporaryDirectory(prefix="hami-mt-netprobe-") as tmp:
-        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", f"{tmp}/netprobe", "."],
-                       cwd=PROBE_SOURCE, env={**os.environ, "CGO_ENABLED": "0"}, check=True,
-                       capture_output=True, timeout=600)
-        Path(tmp, "Containerfile").write_text('FROM scratch\nCOPY netprobe /netprobe\nUSER 65535:65535\n'
-                                              'ENTRYPOINT ["/netprobe"]\n')
-        image.run("build", "--quiet", "--runtime", "runc", "--tag", name, tmp)
-    return name
+    return image.go_command(PROBE_SOURCE, "hami-mt-netprobe")
 
 
 class Enforcer:

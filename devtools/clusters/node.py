@@ -26,12 +26,10 @@ their own). `leftovers()` says what of a node is still on the machine.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -95,15 +93,7 @@ class NodeError(ControlPlaneError):
 
 def pause_image() -> str:
     """The pause image, built once per state of its source: a static Go program FROM scratch."""
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(PAUSE_SOURCE.iterdir()))).hexdigest()[:12]
-    name = f"localhost/hami-mt-pause:{digest}"
-    if image.exists(name):
-        return name
-    with tempfile.TemporaryDirectory(prefix="hami-mt-pause-") as tmp:
-        env = {**os.environ, "CGO_ENABLED": "0"}
-        subprocess.run(["go", "build", "-trimpath", "-ldflags=-s -w", "-o", f"{tmp}/pause", "."],
-                       cwd=PAUSE_SOURCE, env=env, check=True, capture_output=True, timeout=600)
-        return image.from_scratch(name, Path(tmp, "pause"), "/pause", "65535:65535")
+    return image.go_command(PAUSE_SOURCE, "hami-mt-pause")
 
 
 #: How long an image archive nothing imported is kept.
