@@ -30,7 +30,8 @@ from tests.builders import subcommands
 
 README = REPO_ROOT / "README.md"
 #: Every document a user reads for how to run, install or configure this project.
-DOCS = (README, *sorted((REPO_ROOT / "docs").glob("*.md")), CHART / "README.md", REPO_ROOT / "certs" / "README.md")
+DOCS = (README, *sorted((REPO_ROOT / "docs").glob("*.md")), CHART / "README.md", REPO_ROOT / "certs" / "README.md",
+        REPO_ROOT / "CONTRIBUTING.md")
 #: Top-level values of other charts the docs set (`--set`), not ours: HAMi's chart.
 FOREIGN_VALUES = {"scheduler", "devices"}
 #: A dotted span ending so is a file (`image.py`), not a value.
