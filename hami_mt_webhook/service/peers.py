@@ -185,9 +185,12 @@ class Peers:
             self._views.pop(name, None)
             self._streak.pop(name, None)
             self._outcome(name, began, failed=True)
-            if isinstance(err, aiohttp.ClientConnectorError) and err.os_error.errno == errno.ECONNREFUSED:
-                self._refused.add(name)
             logger.debug("peer %s (%s) did not answer: %s", name, ip, type(err).__name__)
+            if isinstance(err, aiohttp.ClientConnectorError) and err.os_error.errno == errno.ECONNREFUSED:
+                # Nothing listens there (a crash, an OOM kill): judged now, not at the loop's next turn, since
+                # every call kube-apiserver sends there meanwhile is a refused pod.
+                self._refused.add(name)
+                self._decide()
         else:
             self._refused.discard(name)
             if name in self._heard:

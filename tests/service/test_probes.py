@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 import aiohttp
 import orjson
+import pytest
 
 from devtools.load import attacks
+from devtools.procs import free_ports
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import probes
 from hami_mt_webhook.service.listener import Limits, Listener
 from hami_mt_webhook.service.peers import Failover, Peers
+from hami_mt_webhook.service.peerview import Replica, Verdict
 from hami_mt_webhook.service.state import State
 from tests.builders import nodes_view
 from tests.service.test_listener import eventually
@@ -97,6 +101,29 @@ async def test_peers_answers_this_replicas_view() -> None:
     assert (status, headers["content-type"]) == (200, "application/json")
     assert orjson.loads(body) == {"name": "webhook-a", "heard": {}, "silent": [], "failing": {}}
 
+
+async def test_a_refused_probe_is_judged_at_once_not_at_the_loops_next_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer whose port refuses connections (a crash): the failed probe itself writes the verdict, since every
+    call kube-apiserver sends there until the endpoint goes is a refused pod."""
+    [closed] = free_ports(1)  # nothing listens there
+    peers = Peers(State(Config(), ClusterView(ready=False)), lambda: None,
+                  Failover(me="a", namespace="ns", selector="app=x"), port=closed, mode="list")
+    peers.feed.replicas = {n: Replica(n, "127.0.0.1", ready=True, answering=True) for n in "abc"}
+    peers.feed.synced_at = time.time()
+    peers._heard["c"] = time.monotonic()
+    written: list[Verdict] = []
+
+    async def write(verdict: Verdict, target: Replica) -> None:
+        written.append(verdict)
+
+    monkeypatch.setattr(peers, "_write", write)
+    peers._http = aiohttp.ClientSession()
+    try:
+        await peers._probe("c", "127.0.0.1")
+        await asyncio.sleep(0)  # the write's task runs
+    finally:
+        await peers._http.close()
+    assert [(v.name, v.answering, v.reason) for v in written] == [("c", False, "refuses connections: nothing listens")]
 
 async def test_other_methods_and_paths_get_fixed_answers_without_a_banner() -> None:
     async with serve_probes(State(Config(), ClusterView(ready=False))) as probe:
