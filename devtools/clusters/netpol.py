@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from devtools import pki
 from devtools.builds import image
@@ -197,30 +198,20 @@ spec:
   podSelector: {}
   policyTypes: [Ingress]
 """
-POLICY_ALLOW = """\
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: allow-client, namespace: np-server}
-spec:
-  podSelector: {matchLabels: {app: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - from:
-    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: np-client}}
-      podSelector: {matchLabels: {app: client}}
-    ports: [{port: 8080, protocol: TCP}]
-"""
-POLICY_FABRIC = """\
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: allow-fabric, namespace: np-server}
-spec:
-  podSelector: {matchLabels: {app: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - from: [{ipBlock: {cidr: FABRIC_IP/32}}]
-    ports: [{port: 8080, protocol: TCP}]
-""".replace("FABRIC_IP", node.FABRIC_IP)
+
+
+def _allow(name: str, peer: dict[str, Any]) -> str:
+    """A NetworkPolicy letting `peer` (one `from` entry) reach np-server's servers on port 8080."""
+    return json.dumps({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                       "metadata": {"name": name, "namespace": "np-server"},
+                       "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"],
+                                "ingress": [{"from": [peer], "ports": [{"port": 8080, "protocol": "TCP"}]}]}})
+
+
+POLICY_ALLOW = _allow("allow-client", {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "np-client"}},
+    "podSelector": {"matchLabels": {"app": "client"}}})
+POLICY_FABRIC = _allow("allow-fabric", {"ipBlock": {"cidr": f"{node.FABRIC_IP}/32"}})
 #: One connection from the fabric, where kube-apiserver runs (its calls to pods come from node.FABRIC_IP).
 FABRIC_DIAL = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 8080), timeout=0.8).recv(3)\n"
                "    print('ok')\nexcept OSError as e:\n    print('fail', e)\n")
