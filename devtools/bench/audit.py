@@ -190,6 +190,7 @@ async def passes(hook: Any, count: int, timeout: float = 900.0) -> list[dict[str
     out: list[dict[str, Any]] = []
     rss: list[float] = []
     last = audit_metrics(hook).get("last_success_timestamp_seconds", 0.0)
+    # Not waiting.until_async: a sampling loop (the RSS every 0.2 s) that returns the passes seen by the deadline.
     deadline = time.monotonic() + timeout
     while len(out) < count and time.monotonic() < deadline:
         rss.append(scale_rig.usage(hook.proc.pid)["rss"])

@@ -22,6 +22,7 @@ from devtools.bench.apiserver import webhook_latency
 from devtools.bench.report import Histogram, histograms
 from devtools.gpus import MEMORY, S5000, VGPU
 from devtools.load import fleet
+from devtools.waiting import until_async
 
 
 def usage(pid: int) -> dict[str, float]:
@@ -54,15 +55,15 @@ class Rig:
         self.webhook_ctx = ssl.create_default_context(cafile=str(hook.certs.bundle))
 
     async def api_metrics(self) -> str:
-        for _ in range(50):
+        """The API server's /metrics (it may be restarting: 10 s, the 50 tries 0.2 s apart this gave before)."""
+        async def answer() -> str | None:
             try:
                 async with self.api.get("/metrics") as r:
-                    if r.status == 200:
-                        return await r.text()
+                    return await r.text() if r.status == 200 else None
             except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.2)
-        raise RuntimeError("the API server's /metrics did not answer")
+                return None
+
+        return await until_async("the API server's /metrics answering", answer, 10, 0.2)
 
     async def pods(self, rate: float, seconds: float, out: Pods) -> None:
         """Create `rate` pods a second for `seconds`, each an exclusive slice pod (mutated by the webhook)."""
@@ -81,6 +82,8 @@ class Rig:
                              "spec": {"containers": [{"name": "main", "image": "musa-runtime",
                                                       "resources": {"limits": {VGPU: "1"}}}]}})
         started, at = time.perf_counter(), time.time()
+        # Not waiting.until_async: this is the measured client's retry policy (it counts retries, stops at once on
+        # an answer it must not retry, and records a failure rather than raising), not a wait for a condition.
         deadline = started + 60
         while True:
             try:

@@ -24,6 +24,7 @@ from devtools.clusters import helm_release
 from devtools.clusters.helm_release import helm
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
+from devtools.waiting import until
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-cert-manager.sh"
 MODULE_DIR = REPO_ROOT / "controlplane" / "commands" / "cert-manager"
@@ -122,24 +123,28 @@ def install(cluster: NodeCluster, timeout: float = 180, values: tuple[str, ...] 
                      f"{key}image.pullPolicy=Never"]
     helm(cluster.controlplane, "install", RELEASE, str(chart()), "-n", NAMESPACE, "--create-namespace",
          *(a for v in settings for a in ("--set", v)))
-    deadline = started + timeout
     issuer = ("apiVersion: cert-manager.io/v1\nkind: Issuer\nmetadata: {name: probe, namespace: default}\n"
               "spec: {selfSigned: {}}\n")
     waiting_for = "the Deployments"
-    while True:
+
+    def ready() -> bool:
+        nonlocal waiting_for
         available = cluster.kubectl("wait", "deployment", "--all", "-n", NAMESPACE, "--for=condition=Available",
                                     "--timeout=1s", check=False)
-        if available.returncode == 0:
-            waiting_for = "the webhook"
-            answer = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=issuer, check=False)
-            if answer.returncode == 0:
-                return time.monotonic() - started
-        if time.monotonic() > deadline:
-            pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
-            events = cluster.kubectl("get", "events", "-n", NAMESPACE, check=False).stdout[-4000:]
-            raise CertManagerError(f"cert-manager not ready {timeout:.0f} s after helm install (waiting for "
-                                   f"{waiting_for}):\n{pods}\n{events}")
-        time.sleep(0.5)
+        if available.returncode != 0:
+            return False
+        waiting_for = "the webhook"
+        return cluster.kubectl("create", "--dry-run=server", "-f", "-", input=issuer, check=False).returncode == 0
+
+    def not_ready(_: str) -> CertManagerError:
+        pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout
+        events = cluster.kubectl("get", "events", "-n", NAMESPACE, check=False).stdout[-4000:]
+        return CertManagerError(f"cert-manager not ready {timeout:.0f} s after helm install (waiting for "
+                                f"{waiting_for}):\n{pods}\n{events}")
+
+    # the deadline counts from `helm install`, as the figure returned does
+    until("cert-manager ready", ready, started + timeout - time.monotonic(), 0.5, fail=not_ready)
+    return time.monotonic() - started
 
 
 @contextlib.contextmanager

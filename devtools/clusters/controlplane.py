@@ -48,6 +48,7 @@ from devtools.procs import cleanup as _cleanup
 from devtools.procs import free_ports as _free_ports
 from devtools.procs import spawn as _spawn
 from devtools.procs import tail as _tail
+from devtools.waiting import NotWithin, until
 from hami_mt_webhook.service import certs
 
 __all__ = ["ControlPlane", "ControlPlaneError", "KubectlError", "binaries"]
@@ -378,9 +379,10 @@ class ControlPlane:
               ok: Callable[[bytes], bool]) -> None:
         """Poll `url` until `ok(body)`; fail early if the process exits, late after `ready_timeout`."""
         opener = self._opener()
-        deadline = time.monotonic() + self.ready_timeout
         last = "no answer yet"
-        while True:
+
+        def answers() -> bool:
+            nonlocal last
             if proc.poll() is not None:
                 raise ControlPlaneError(f"{what} exited with status {proc.returncode} while starting; "
                                         f"end of {log}:\n{_tail(log)}")
@@ -388,16 +390,16 @@ class ControlPlane:
                 with opener.open(url, timeout=5) as resp:
                     body = resp.read()
                 if ok(body):
-                    return
+                    return True
                 last = body.decode(errors="replace")[-2000:]
             except urllib.error.HTTPError as e:
                 last = f"HTTP {e.code}: {e.read().decode(errors='replace')[-2000:]}"
             except (OSError, ValueError) as e:
                 last = repr(e)
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(f"{what} not ready at {url} after {self.ready_timeout:.0f}s; last "
-                                        f"answer: {last}\nend of {log}:\n{_tail(log)}")
-            time.sleep(0.2)
+            return False
+
+        until(f"{what} ready at {url}", answers, self.ready_timeout, 0.2,
+              fail=lambda m: ControlPlaneError(f"{m}; last answer: {last}\nend of {log}:\n{_tail(log)}"))
 
     # kubectl ------------------------------------------------------------------------------------------
 
@@ -530,11 +532,11 @@ def _down(run_dir: Path) -> int:
 
 
 def _wait_gone(entry: dict[str, Any], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while _same_process(entry):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
+    """Whether the process has exited within `timeout`: `down` then SIGKILLs one that has not."""
+    try:
+        until(f"pid {entry.get('pid')} gone", lambda: not _same_process(entry), timeout, 0.1)
+    except NotWithin:
+        return False
     return True
 
 

@@ -17,6 +17,7 @@ from devtools import gpus
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import CHART
+from devtools.waiting import NotWithin, until
 
 NAMESPACE = "hami-mt-webhook"
 
@@ -120,11 +121,13 @@ def install_chart_on_node(node: NodeCluster, timeout: float = 180.0, values: Seq
     source = chart if chart is not None else [str(CHART), "--set", f"image.repository={NODE_IMAGE_REPOSITORY}"]
     helm(node.controlplane, "install", RELEASE, *source, "-n", NAMESPACE,
          *(a for v in values for a in ("--set", v)))
-    while ready_replicas(node) != REPLICAS:
-        if time.monotonic() > started + timeout:
-            pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
-            events = node.kubectl("get", "events", "-n", NAMESPACE).stdout[-4000:]
-            raise RuntimeError(f"{REPLICAS} replicas not Ready {timeout:.0f} s after helm install:\n"
-                               f"{pods}\n{events}")
-        time.sleep(0.25)
+
+    def not_ready(_: str) -> NotWithin:
+        pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
+        events = node.kubectl("get", "events", "-n", NAMESPACE).stdout[-4000:]
+        return NotWithin(f"{REPLICAS} replicas not Ready {timeout:.0f} s after helm install:\n{pods}\n{events}")
+
+    # the deadline counts from `helm install`, as the figure returned does
+    until(f"{REPLICAS} replicas Ready", lambda: ready_replicas(node) == REPLICAS, started + timeout - time.monotonic(),
+          0.25, fail=not_ready)
     return time.monotonic() - started

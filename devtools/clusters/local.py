@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
@@ -26,6 +25,7 @@ from devtools.clusters import manifests
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.helm_release import NAMESPACE, RELEASE, SERVICE_ACCOUNT, helm
 from devtools.paths import CHART
+from devtools.waiting import NotWithin, until
 from hami_mt_webhook.service import certs
 
 
@@ -103,16 +103,18 @@ class LocalWebhook:
         """Start the process and wait until /readyz says the node view is synced (or only /livez)."""
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
         # Dies with us, even by SIGKILL, like the control plane's processes: never left retrying its watch.
-        self.proc = procs.spawn(self.command(), self.log, env=env)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"the webhook exited with {self.proc.returncode}:\n{self.tail()}")
-            if self.ready() if wait_ready else self.live():
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"the webhook was not ready after {timeout:.0f} s:\n{self.tail()}")
+        proc = self.proc = procs.spawn(self.command(), self.log, env=env)
+
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the webhook exited with {proc.returncode}:\n{self.tail()}")
+            return self.ready() if wait_ready else self.live()
+
+        try:
+            until(f"the webhook {'ready' if wait_ready else 'live'}", up, timeout, 0.2)
+        except NotWithin as e:
+            self.stop()
+            raise NotWithin(f"{e}:\n{self.tail()}") from None
 
     def ready(self) -> bool:
         return self._probe("readyz")

@@ -12,7 +12,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -25,6 +24,7 @@ import yaml
 from devtools import procs
 from devtools.clusters import manifests
 from devtools.paths import CHART
+from devtools.waiting import NotWithin, until
 
 __all__ = ["CHART", "COMPONENT", "COMPONENT_FILES", "DASHBOARD_FILE", "JOB", "MONITOR_API", "NAMESPACE",
            "RULE_API", "Prometheus", "Selector", "alerts", "component_rules", "dashboard", "dashboard_queries",
@@ -217,24 +217,27 @@ class Prometheus:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60.0) -> Prometheus:
-        self.proc = procs.spawn([tool("prometheus"), f"--config.file={self.config}",
-                                 f"--storage.tsdb.path={self.workdir / 'data'}",
-                                 f"--web.listen-address=127.0.0.1:{self.port}",
-                                 "--web.console.templates=/nonexistent", "--web.console.libraries=/nonexistent",
-                                 "--log.level=warn"], self.log)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited with {self.proc.returncode}:\n{procs.tail(self.log)}")
+        proc = self.proc = procs.spawn([tool("prometheus"), f"--config.file={self.config}",
+                                        f"--storage.tsdb.path={self.workdir / 'data'}",
+                                        f"--web.listen-address=127.0.0.1:{self.port}",
+                                        "--web.console.templates=/nonexistent",
+                                        "--web.console.libraries=/nonexistent", "--log.level=warn"], self.log)
+
+        def ready() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prometheus exited with {proc.returncode}:\n{procs.tail(self.log)}")
             try:
                 with self._open("/-/ready") as r:
-                    if r.status == 200:
-                        return self
+                    return bool(r.status == 200)
             except (urllib.error.URLError, OSError):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"prometheus was not ready after {timeout:.0f} s:\n{procs.tail(self.log)}")
+                return False
+
+        try:
+            until("prometheus ready", ready, timeout, 0.2)
+        except NotWithin as e:
+            self.stop()
+            raise NotWithin(f"{e}:\n{procs.tail(self.log)}") from None
+        return self
 
     def stop(self) -> None:
         if self.proc is not None:

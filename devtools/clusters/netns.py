@@ -98,6 +98,7 @@ class Namespace:
         self.holder = spawn(["unshare", "--net", "--mount", "--propagation", "private", "--", "sh", "-ec", script],
                             self.workdir / "namespace.log", pipe=True, death_signal=signal.SIGTERM)
         assert self.holder.stdout is not None
+        # Not waiting.until: a blocking read of the holder's output, line by line, not a poll at an interval.
         deadline = time.monotonic() + timeout
         line = b""
         while time.monotonic() < deadline and self.holder.poll() is None:

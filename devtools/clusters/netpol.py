@@ -39,6 +39,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from devtools import pki
 from devtools.builds import image
@@ -47,6 +48,7 @@ from devtools.clusters.node import Host
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
+from devtools.waiting import until
 
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "build-kube-network-policies.sh"
 NAME = "kube-network-policies"
@@ -153,18 +155,18 @@ class Enforcer:
     def wait(self, host: Host, timeout: float = 60.0) -> None:
         """Until the node's table is loaded and its queue bound (/proc/net/netfilter/nfnetlink_queue)."""
         proc = self.procs[host.name]
-        deadline = time.monotonic() + timeout
-        while True:
+        table, queues = False, [""]
+
+        def bound() -> bool:
+            nonlocal table, queues
             if proc.poll() is not None:
                 raise NetpolError(f"{NAME} on {host.name} exited with {proc.returncode}:\n{tail(self.log(host))}")
             table = host.inside(NFT, "list", "table", "inet", NAME, check=False).returncode == 0
             queues = host.inside("cat", "/proc/net/netfilter/nfnetlink_queue", check=False).stdout.split()
-            if table and queues[:1] == [str(self.queue)]:
-                return
-            if time.monotonic() > deadline:
-                raise NetpolError(f"{NAME} on {host.name}: table loaded {table}, queues {queues}, after "
-                                  f"{timeout:.0f} s:\n{tail(self.log(host))}")
-            time.sleep(0.5)
+            return table and queues[:1] == [str(self.queue)]
+
+        until(f"{NAME} on {host.name} loaded and bound", bound, timeout, 0.5, fail=lambda m: NetpolError(
+            f"{m}: table loaded {table}, queues {queues}:\n{tail(self.log(host))}"))
 
     def restart(self, host: Host) -> None:
         """Start it again on `host` (after `revive_node`, or to see a restart)."""
@@ -196,30 +198,20 @@ spec:
   podSelector: {}
   policyTypes: [Ingress]
 """
-POLICY_ALLOW = """\
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: allow-client, namespace: np-server}
-spec:
-  podSelector: {matchLabels: {app: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - from:
-    - namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: np-client}}
-      podSelector: {matchLabels: {app: client}}
-    ports: [{port: 8080, protocol: TCP}]
-"""
-POLICY_FABRIC = """\
-apiVersion: networking.k8s.io/v1
-kind: NetworkPolicy
-metadata: {name: allow-fabric, namespace: np-server}
-spec:
-  podSelector: {matchLabels: {app: server}}
-  policyTypes: [Ingress]
-  ingress:
-  - from: [{ipBlock: {cidr: FABRIC_IP/32}}]
-    ports: [{port: 8080, protocol: TCP}]
-""".replace("FABRIC_IP", node.FABRIC_IP)
+
+
+def _allow(name: str, peer: dict[str, Any]) -> str:
+    """A NetworkPolicy letting `peer` (one `from` entry) reach np-server's servers on port 8080."""
+    return json.dumps({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                       "metadata": {"name": name, "namespace": "np-server"},
+                       "spec": {"podSelector": {"matchLabels": {"app": "server"}}, "policyTypes": ["Ingress"],
+                                "ingress": [{"from": [peer], "ports": [{"port": 8080, "protocol": "TCP"}]}]}})
+
+
+POLICY_ALLOW = _allow("allow-client", {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "np-client"}},
+    "podSelector": {"matchLabels": {"app": "client"}}})
+POLICY_FABRIC = _allow("allow-fabric", {"ipBlock": {"cidr": f"{node.FABRIC_IP}/32"}})
 #: One connection from the fabric, where kube-apiserver runs (its calls to pods come from node.FABRIC_IP).
 FABRIC_DIAL = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 8080), timeout=0.8).recv(3)\n"
                "    print('ok')\nexcept OSError as e:\n    print('fail', e)\n")
@@ -275,12 +267,10 @@ def proof(window: float = 8.0) -> int:
             k = cluster.kubectl
             for ns in ("np-server", "np-client"):
                 k("create", "namespace", ns)
-            deadline = time.monotonic() + 60  # pods are admitted once the namespace's ServiceAccount exists
-            while any(k("get", "serviceaccount", "-n", ns, "default", check=False).returncode
-                      for ns in ("np-server", "np-client")):
-                if time.monotonic() > deadline:
-                    raise NetpolError("no default ServiceAccount in np-server and np-client after 60 s")
-                time.sleep(0.5)
+            # pods are admitted once the namespace's ServiceAccount exists
+            until("the default ServiceAccount in np-server and np-client",
+                  lambda: not any(k("get", "serviceaccount", "-n", ns, "default", check=False).returncode
+                                  for ns in ("np-server", "np-client")), 60, 0.5, fail=NetpolError)
             k("apply", "-f", "-", input=_pod("np-server", "server-1", n1, probe, []))
             k("apply", "-f", "-", input=_pod("np-server", "server-2", n2, probe, []))
             k("wait", "-n", "np-server", "--for=condition=Ready", "pod", "--all", "--timeout=120s", timeout=130)

@@ -43,6 +43,7 @@ from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters.netns import Namespace
 from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
+from devtools.waiting import NotWithin, until
 from hami_mt_webhook.service import certs
 
 BRIDGE = "hmw0"
@@ -172,10 +173,12 @@ def cgroup_pids(dirs: Sequence[Path]) -> set[int]:
 
 
 def remove_cgroups(made: Sequence[Path], timeout: float = 10.0) -> list[Path]:
-    """rmdir the made dirs and whatever kubelet made below them, deepest first; returns what is left."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = []
+    """rmdir the made dirs and whatever kubelet made below them, deepest first, again until they are gone (a
+    cgroup is busy until its last process has exited); returns what is left."""
+    left: list[Path] = []
+
+    def removed() -> bool:
+        left.clear()
         for top in reversed(made):
             if not top.is_dir():
                 continue
@@ -184,9 +187,11 @@ def remove_cgroups(made: Sequence[Path], timeout: float = 10.0) -> list[Path]:
                     os.rmdir(d)
             if top.is_dir():
                 left.append(top)
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+        return not left
+
+    with contextlib.suppress(NotWithin):
+        until("the cgroups removed", removed, timeout, 0.2)
+    return left
 
 
 # --- processes --------------------------------------------------------------------------------------------
@@ -205,15 +210,19 @@ def pids_in_netns(inode: int) -> set[int]:
 
 def kill_pids(pids: set[int], grace: float = 5.0) -> None:
     """SIGTERM these processes, SIGKILL those still there after `grace` seconds."""
+    left = set(pids)
+
+    def gone() -> bool:
+        left.difference_update([p for p in left if not Path(f"/proc/{p}").exists() or _zombie(p)])
+        return not left
+
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        for pid in pids:
+        for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
-        deadline = time.monotonic() + wait
-        while (pids := {p for p in pids if Path(f"/proc/{p}").exists() and not _zombie(p)}) \
-                and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if not pids:
+        with contextlib.suppress(NotWithin):  # what outlives SIGKILL is the caller's to find (`leftovers`)
+            until(f"processes {sorted(left)} gone after {sig.name}", gone, wait, 0.1)
+        if not left:
             return
 
 
@@ -351,14 +360,20 @@ class Host:
             (self.workdir / "containerd.toml").write_text(containerd_config(self.workdir, pause))
         for stale in (self.socket, self.socket.with_name("containerd-ttrpc.sock")):  # left by a killed one
             stale.unlink(missing_ok=True)
-        self.containerd = spawn([*self.ns.prefix, CONTAINERD, f"--config={self.workdir / 'containerd.toml'}"],
-                                self.workdir / "containerd.log")
-        deadline = time.monotonic() + 30
-        while not self.socket.exists():
-            if self.containerd.poll() is not None or time.monotonic() > deadline:
-                raise NodeError(f"containerd of {self.name} did not start; end of its log:\n"
-                                f"{tail(self.workdir / 'containerd.log')}")
-            time.sleep(0.1)
+        containerd = self.containerd = spawn([*self.ns.prefix, CONTAINERD,
+                                              f"--config={self.workdir / 'containerd.toml'}"],
+                                             self.workdir / "containerd.log")
+
+        def not_started(message: str = "it exited") -> NodeError:
+            return NodeError(f"containerd of {self.name} did not start ({message}); end of its log:\n"
+                             f"{tail(self.workdir / 'containerd.log')}")
+
+        def listening() -> bool:
+            if containerd.poll() is not None:
+                raise not_started()
+            return self.socket.exists()
+
+        until("containerd's socket", listening, 30, 0.1, fail=not_started)
 
     def start_kubelet(self, bin_dir: Path | None = None, ca: certs.KeyPair | None = None,
                       ca_file: Path | None = None, minor: int = 0) -> None:
@@ -428,13 +443,15 @@ class Host:
         self.killed = True
         pids = self.processes()
         signal_all(pids, signal.SIGSTOP)
-        deadline = time.monotonic() + 15
-        while pids:
+
+        def killed() -> bool:
+            nonlocal pids
             signal_all(pids, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise NodeError(f"{self.name}: processes {sorted(pids)} survived SIGKILL")
-            time.sleep(0.05)
             pids = self.processes()
+            return not pids
+
+        until(f"{self.name}'s processes gone", killed, 15, 0.05,
+              fail=lambda m: NodeError(f"{m}: {sorted(pids)} survived SIGKILL"))
         for proc in (self.kubelet, self.containerd):
             if proc is not None:
                 proc.wait()

@@ -65,6 +65,7 @@ from devtools.clusters.netns import Namespace
 from devtools.clusters.node import Host, NodeError
 from devtools.paths import REPO_ROOT
 from devtools.procs import die_with_parent, tail
+from devtools.waiting import until
 
 #: A process that fills memory once told to (a line on stdin): the pressure `oom_kill_pod` puts on a cgroup. The
 #: memory is a memfd's (shmem: charged to the writer's memory cgroup, unreclaimable without swap, freed when the
@@ -260,24 +261,28 @@ class NodeCluster:
         count) and namespace `default` has its ServiceAccount (a pod created before the controller makes it
         is refused)."""
         names = list(names or self.names)
-        deadline = time.monotonic() + (timeout or self.ready_timeout)
-        while True:
+        waiting: list[str] = []
+
+        def ready() -> bool:
             nodes = self.nodes()
-            waiting = [n for n in names if _ready(nodes.get(n, {}))[0] != "True"
-                       or (since is not None and _ready(nodes[n])[1] < int(since))]
+            waiting[:] = [n for n in names if _ready(nodes.get(n, {}))[0] != "True"
+                          or (since is not None and _ready(nodes[n])[1] < int(since))]
             if not waiting and self.kubectl("get", "serviceaccount", "default", "-n", "default",
                                             check=False).returncode == 0:
-                return
+                return True
             for name in waiting:
                 host = self.host(name)
                 if host.kubelet is not None and host.kubelet.poll() is not None:
                     raise NodeError(f"kubelet of {name} exited with {host.kubelet.returncode}; end of its log:\n"
                                     f"{tail(host.workdir / 'kubelet.log')}")
-            if time.monotonic() > deadline:
-                logs = "\n".join(f"{n}:\n{tail(self.host(n).workdir / 'kubelet.log', 15)}" for n in waiting)
-                raise NodeError(f"{', '.join(waiting) or 'the default ServiceAccount'} not Ready after "
-                                f"{timeout or self.ready_timeout:.0f}s; end of kubelet's log:\n{logs}")
-            time.sleep(0.5)
+            return False
+
+        def not_ready(message: str) -> NodeError:
+            logs = "\n".join(f"{n}:\n{tail(self.host(n).workdir / 'kubelet.log', 15)}" for n in waiting)
+            return NodeError(f"{message} ({', '.join(waiting) or 'the default ServiceAccount'} not yet); "
+                             f"end of kubelet's log:\n{logs}")
+
+        until(f"nodes {', '.join(names)} Ready", ready, timeout or self.ready_timeout, 0.5, fail=not_ready)
 
     def lease_renewed(self, name: str) -> float:
         """When the node's kubelet last renewed its Lease (a time.time()): it stops moving when the node dies."""
@@ -515,12 +520,13 @@ class NodeCluster:
             if hog.poll() is None:
                 hog.kill()
                 hog.wait()
-        deadline = time.monotonic() + timeout
-        while (after := self._terminations(namespace, name, container)) == before:
-            if time.monotonic() > deadline:
-                raise NodeError(f"kubelet reported no new termination of {namespace}/{name} after the OOM kill")
-            time.sleep(0.25)
-        return after
+
+        def reported() -> dict[str, Any] | None:
+            after = self._terminations(namespace, name, container)
+            return after if after != before else None
+
+        return until(f"kubelet reporting a new termination of {namespace}/{name} after the OOM kill", reported,
+                     timeout, 0.25, fail=NodeError)
 
     def _terminations(self, namespace: str, name: str, container: str | None) -> dict[str, Any]:
         """The container's last termination kubelet reported (its current state if it is terminated)."""
@@ -559,11 +565,8 @@ class NodeCluster:
 
 def _until_state(pids: set[int], ok: Callable[[str], bool], timeout: float = 10.0) -> None:
     """Until every process's state (/proc/PID/stat: R, S, T, Z, ...) is `ok`, or it is gone."""
-    deadline = time.monotonic() + timeout
-    while not all(ok(node.process_state(p)) for p in pids):
-        if time.monotonic() > deadline:
-            raise NodeError(f"processes {sorted(pids)} not in the state asked for after {timeout:.0f} s")
-        time.sleep(0.01)
+    until(f"processes {sorted(pids)} in the state asked for", lambda: all(ok(node.process_state(p)) for p in pids),
+          timeout, 0.01, fail=NodeError)
 
 
 def _ready(obj: Mapping[str, Any]) -> tuple[str, int]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 from devtools.clusters import node
 from devtools.clusters.netns import Namespace
 from devtools.procs import spawn, tail, terminate
+from devtools.waiting import until
 
 REGISTRY_BIN = "/usr/bin/docker-registry"
 PORT = 5000
@@ -60,19 +60,21 @@ class Registry:
         config = self.workdir / "registry.yml"
         config.write_text(CONFIG.format(root=self.workdir / "storage", port=PORT))
         log = self.workdir / "registry.log"
-        self.proc = spawn([*self.ns.prefix, REGISTRY_BIN, "serve", str(config)], log)
+        proc = self.proc = spawn([*self.ns.prefix, REGISTRY_BIN, "serve", str(config)], log)
         self.local = f"127.0.0.1:{self.ns.forward(PORT)}"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RegistryError(f"docker-registry exited with {self.proc.returncode}:\n{tail(log)}")
+
+        def answers() -> bool:
+            if proc.poll() is not None:
+                raise RegistryError(f"docker-registry exited with {proc.returncode}:\n{tail(log)}")
             try:
                 with urllib.request.urlopen(f"http://{self.local}/v2/", timeout=2) as answer:
-                    if answer.status == 200:
-                        return self
+                    return bool(answer.status == 200)
             except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        raise RegistryError(f"docker-registry did not answer on {self.address} in {timeout:.0f} s:\n{tail(log)}")
+                return False
+
+        until(f"docker-registry answering on {self.address}", answers, timeout, 0.1,
+              fail=lambda m: RegistryError(f"{m}:\n{tail(log)}"))
+        return self
 
     def stop(self) -> None:
         if self.proc is not None:

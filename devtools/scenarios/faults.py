@@ -32,6 +32,7 @@ from devtools import paths
 from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, Outcome, creating
+from devtools.waiting import NotWithin, until
 from hami_mt_webhook.service.peerview import CONDITION
 
 __all__ = ["FAULTS", "GRAY", "Count", "EndpointWatch", "Fault", "Faults", "gray", "main"]
@@ -99,6 +100,10 @@ def _kind(o: Outcome) -> str:
 
 class EndpointWatch:
     """The Service's EndpointSlices polled every 0.2 s: when each address was last seen ready."""
+
+    # The thread, stop event and __enter__/__exit__ frame is tests/e2e/test_nodeview.py's Prober's: the same
+    # idiom, not shared logic; each polls something else, and a base class for four lines would hide more than
+    # it saves.
 
     def __init__(self, cluster: NodeCluster) -> None:
         self.cluster = cluster
@@ -254,17 +259,17 @@ class Faults:
     def settled(self, timeout: float = 180.0) -> None:
         """Every replica Ready (its gate True where it has one) and the EndpointSlice saying so: the state each
         fault starts from."""
-        deadline = time.monotonic() + timeout
-        while True:
+        ready: list[str] = []
+
+        def all_ready() -> bool:
             pods = self.replicas()
-            ready = [p for p in pods if all(c["status"] == "True" for c in p["status"].get("conditions", [])
-                                            if c["type"] in ("Ready", CONDITION))
-                     and any(c["type"] == "Ready" for c in p["status"].get("conditions", []))]
-            if len(ready) == helm_release.REPLICAS == len(pods):
-                return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the replicas did not settle: {[p['metadata']['name'] for p in ready]} Ready")
-            time.sleep(0.5)
+            ready[:] = [p["metadata"]["name"] for p in pods
+                        if all(c["status"] == "True" for c in p["status"].get("conditions", [])
+                               if c["type"] in ("Ready", CONDITION))
+                        and any(c["type"] == "Ready" for c in p["status"].get("conditions", []))]
+            return len(ready) == helm_release.REPLICAS == len(pods)
+
+        until("the replicas settled", all_ready, timeout, 0.5, fail=lambda m: NotWithin(f"{m}: {ready} Ready"))
 
     def busiest(self) -> dict[str, Any]:
         """The replica holding most of kube-apiserver's connections now. On 1.37 every call picks a ready
@@ -341,14 +346,17 @@ class Faults:
         self.cluster.kubectl("create", "-f", "-", input=json.dumps(deployment))
         if fault is not None:
             fault()
-        try:
-            while True:
-                out = self.cluster.kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout
-                if len(out.split()) >= replicas:
-                    return time.monotonic() - started
-                if time.monotonic() - started > timeout:
-                    raise RuntimeError(f"{len(out.split())} of {replicas} pods after {timeout:.0f} s")
-                time.sleep(0.2)
+        pods = [0]
+
+        def all_exist() -> bool:
+            pods[0] = len(self.cluster.kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout.split())
+            return pods[0] >= replicas
+
+        try:  # the deadline counts from the Deployment's creation, as the figure does
+            until(f"Deployment {ns}/{name}'s pods", all_exist, started + timeout - time.monotonic(), 0.2,
+                  fail=lambda _: NotWithin(f"Deployment {ns}/{name}: {pods[0]} of {replicas} pods "
+                                           f"after {timeout:.0f} s"))
+            return time.monotonic() - started
         finally:
             self.cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
 
