@@ -4,11 +4,11 @@ webhook and the backstop; a pod's own label skips the mutation only."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from devtools.clusters import manifests
+from devtools.waiting import until
 
 from .support import CORE, MEMORY, VGPU, WHOLE, apply, exists, pod, resources, stored
 
@@ -37,14 +37,6 @@ DEFAULT = ('container "c0" asks for sGPU slices but spec.schedulerName is defaul
            "ignore label skips the mutation only")
 
 
-def _until(check, what: str, seconds: float = 20.0) -> None:
-    """Policy bindings reach the API server's admission through an informer: wait for the change to apply."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.3)
-
-
 @pytest.fixture
 def backstop_off(controlplane, ns):
     """Without the backstop binding, so what the validating webhook denies is seen from the webhook itself."""
@@ -56,13 +48,14 @@ def backstop_off(controlplane, ns):
     def backstop_answers() -> bool:
         return BACKSTOP in apply(controlplane, ns, probe, "--dry-run=server").stderr
 
+    # Policy bindings reach the API server's admission through an informer: each change applies a moment later.
     controlplane.kubectl("delete", "validatingadmissionpolicybinding", binding["metadata"]["name"])
     try:
-        _until(lambda: not backstop_answers(), "the backstop still answers after its binding was deleted")
+        until("the backstop silent without its binding", lambda: not backstop_answers(), 20, 0.3)
         yield
     finally:
         controlplane.kubectl("apply", "-f", "-", input=json.dumps(binding))
-        _until(backstop_answers, "the backstop binding did not come back")
+        until("the backstop answering again, its binding back", backstop_answers, 20, 0.3)
 
 
 @pytest.mark.parametrize("layer", ["backstop", "validating webhook"])
