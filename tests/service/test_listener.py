@@ -115,6 +115,8 @@ async def raw_connect(running) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
 
 
 async def eventually(check, timeout: float = 5.0) -> None:
+    """`devtools.waiting.until` for a coroutine: the server runs on this test's own loop, which `until`'s
+    time.sleep would block, so the wait yields to it instead."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not check():
