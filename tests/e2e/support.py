@@ -48,6 +48,20 @@ def pod(name: str, *limits: dict[str, Any], labels: dict[str, str] | None = None
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": containers, **spec}}
 
 
+def namespace(name: str, *labels: str) -> Any:
+    """A module-scoped fixture: the module's own namespace (with `labels`, as `key=value`), made once the session's
+    webhook serves. Each module names it: `ns = namespace("e2e-outage")`."""
+
+    @pytest.fixture(scope="module")
+    def made(controlplane: ControlPlane, webhook: LocalWebhook) -> str:
+        controlplane.kubectl("create", "namespace", name)
+        for label in labels:
+            controlplane.kubectl("label", "namespace", name, label)
+        return name
+
+    return made
+
+
 def apply(cp: ControlPlane, ns: str, manifest: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
     """`kubectl apply` of one manifest; never raises, the caller checks."""
     return cp.kubectl("apply", "-n", ns, "-f", "-", *flags, input=yaml.safe_dump(manifest), check=False)

@@ -5,19 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from devtools.load.attacks import Flood
 from devtools.load.traffic import LoopThread
 
-from .support import CORE, MEMORY, VGPU, apply, metric, pod, resources, stored, until_seen
+from .support import CORE, MEMORY, VGPU, apply, metric, namespace, pod, resources, stored, until_seen
 
-
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-hostile"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-hostile")
 
 
 def test_a_slice_pod_is_admitted_while_idle_connections_and_handshakes_flood_the_port(controlplane, webhook, ns):

@@ -35,6 +35,7 @@ from .support import (
     apply,
     exists,
     metric,
+    namespace,
     pod,
     resources,
     stored,
@@ -59,10 +60,7 @@ def meddle(path: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook) -> str:
-    controlplane.kubectl("create", "namespace", NS)
-    return NS
+ns = namespace(NS)
 
 
 def until_applied(controlplane, labels: dict[str, str], check: Callable[[Any], bool]) -> None:

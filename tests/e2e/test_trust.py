@@ -10,24 +10,15 @@ import pytest
 from devtools.clusters import manifests
 from devtools.waiting import until
 
-from .support import CORE, MEMORY, VGPU, WHOLE, apply, exists, pod, resources, stored
+from .support import CORE, MEMORY, VGPU, WHOLE, apply, exists, namespace, pod, resources, stored
 
 IGNORE = {"hami.io/webhook": "ignore"}
 
 
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-trust"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-trust")
 
 
-@pytest.fixture(scope="module")
-def ignored_ns(controlplane, webhook):
-    name = "e2e-trust-ignored"
-    controlplane.kubectl("create", "namespace", name)
-    controlplane.kubectl("label", "namespace", name, "hami.io/webhook=ignore")
-    return name
+ignored_ns = namespace("e2e-trust-ignored", "hami.io/webhook=ignore")
 
 
 BACKSTOP = "ValidatingAdmissionPolicy 'hami-mt-backstop'"

@@ -26,18 +26,14 @@ from .support import (
     apply,
     exists,
     metric,
+    namespace,
     pod,
     resources,
     stored,
     until_seen,
 )
 
-
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-rules"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-rules")
 
 
 def test_slice_pod_is_stored_with_hami_scheduler_and_equal_requests(controlplane, ns):
