@@ -24,6 +24,8 @@ from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
 
 from .mutators import LoopbackWebhook, serves_mutating_policies
+
+# Much the list test_webhook.py imports, deliberately: each module names the constants and helpers it uses.
 from .support import (
     CORE,
     MEMORY,
