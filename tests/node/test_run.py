@@ -65,9 +65,12 @@ def test_make_run_on_the_node_serves_from_the_replicas_and_leaves_nothing() -> N
         assert "stopping ..." in said and "stopped: the pods, kubelet, containerd and the control plane" in said
         cgroup_root = f"{own_memory_cgroup().rstrip('/')}/{workdir.name}"  # the run is in our memory cgroup
         assert hierarchies(), "no cgroup hierarchy to check"
-        until_seen("nothing of the run left", lambda: ({what: v for what, v in leftovers(
-            workdir, cgroup_root, inode).items() if v}, processes_mentioning(run.dir)), lambda left: not any(left),
-            10, 0.2)
+
+        def left() -> tuple[dict[str, list[str]], list[int]]:
+            return ({what: v for what, v in leftovers(workdir, cgroup_root, inode).items() if v},
+                    processes_mentioning(run.dir))
+
+        until_seen("nothing of the run left", left, lambda seen: not any(seen), 10, 0.2)
         assert list(run.dir.iterdir()) == []
     finally:
         run.kill()
