@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,3 +25,24 @@ def report_measured(terminalreporter: pytest.TerminalReporter, tier: str, lines:
         terminalreporter.section(f"{tier}: measured")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+class Tier:
+    """A measuring tier's two hooks, written once for every tier: its conftest binds them to the hooks' names,
+    by which pytest finds them (`pytest_collection_modifyitems, pytest_terminal_summary = TIER.hooks()`)."""
+
+    def __init__(self, marker: str, conftest: str, title: str) -> None:
+        self.marker, self.directory, self.title = marker, Path(conftest).resolve().parent, title
+        #: Lines for the summary at the end of the run: what the tier measured.
+        self.measured: list[str] = []
+
+    def hooks(self) -> tuple[Callable[[pytest.Config, list[pytest.Item]], None],
+                             Callable[[pytest.TerminalReporter], None]]:
+        """pytest_collection_modifyitems (the tier left out unless `-m` names it) and pytest_terminal_summary."""
+        return self.select, self.report
+
+    def select(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        only_when_selected(config, items, self.marker, self.directory)
+
+    def report(self, terminalreporter: pytest.TerminalReporter) -> None:
+        report_measured(terminalreporter, self.title, self.measured)

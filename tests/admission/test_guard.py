@@ -10,6 +10,8 @@ import pytest
 
 from hami_mt_webhook.admission import review
 from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS, Config
+
+# Much the list tests/admission/test_chain.py imports, deliberately: each module names the builders it uses.
 from tests.builders import (
     DEBUGGER,
     MEMORY,

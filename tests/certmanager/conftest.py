@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -19,19 +18,11 @@ from devtools.clusters import certmanager, helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread
 from devtools.scenarios import renewals
-from tests.tiers import only_when_selected, report_measured
+from tests.tiers import Tier
 
-DIR = Path(__file__).resolve().parent
-#: Lines for the summary at the end of the run: what the tier measured.
-MEASURED: list[str] = []
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    only_when_selected(config, items, "certmanager", DIR)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    report_measured(terminalreporter, "certmanager tier", MEASURED)
+TIER = Tier("certmanager", __file__, "certmanager tier")
+MEASURED = TIER.measured
+pytest_collection_modifyitems, pytest_terminal_summary = TIER.hooks()
 
 
 @pytest.fixture(scope="session")

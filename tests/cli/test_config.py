@@ -250,17 +250,6 @@ def test_installed_command_help():
         assert name in proc.stdout, name
 
 
-@pytest.mark.parametrize(("args", "says"), [
-    (["--idle-timeout", "0"], "--idle-timeout must be above 0; got 0.0"),
-    (["--max-connections", "-1"], "--max-connections must be above 0; got -1"),
-    (["--reload-interval", "0"], "--reload-interval must be above 0; got 0.0"),
-])
-def test_serve_refuses_a_limit_that_is_not_positive_naming_its_flag(capsys, args, says):
-    """Checked where the flag enters: 0 would make every connection or the certificate check spin."""
-    assert cli.main(["serve", *args]) == 2
-    assert says in capsys.readouterr().err
-
-
 def test_node_watch_choices_are_the_watch_modes():
     """The CLI names the modes itself (importing the watch would load kopf into `review`); they must agree."""
     from hami_mt_webhook.service.watch import MODES
@@ -272,7 +261,14 @@ def test_node_watch_choices_are_the_watch_modes():
         capture_output=True, text=True, check=True).stdout
 
 
-@pytest.mark.parametrize(("args", "says"), [
+#: Limits that are not positive: 0 would make every connection or the certificate check spin.
+NOT_POSITIVE = [
+    (["--idle-timeout", "0"], "--idle-timeout must be above 0; got 0.0"),
+    (["--max-connections", "-1"], "--max-connections must be above 0; got -1"),
+    (["--reload-interval", "0"], "--reload-interval must be above 0; got 0.0"),
+]
+#: Failover settings out of range or at odds with each other.
+BAD_FAILOVER = [
     (["--peer-selector", "app=x"], "--peer-selector 'app=x' needs --pod-name and --pod-namespace"),
     (["--peer-selector", "app=x", "--pod-name", "w-1"], "needs --pod-namespace (the chart sets"),
     (["--peer-interval", "0"], "--peer-interval must be a number of seconds above 0; got 0.0"),
@@ -285,21 +281,21 @@ def test_node_watch_choices_are_the_watch_modes():
      "--peer-late-after 0.5 must be below --peer-timeout 0.5"),
     (["--peer-selector", "app=x", "--pod-name", "w-1", "--pod-namespace", "ns", "--peer-window", "1"],
      "--peer-window 1.0 holds fewer than 20 probes at --peer-interval 0.1"),
-])
-def test_serve_refuses_bad_failover_settings_naming_what_was_typed(capsys, args, says):
-    assert cli.main(["serve", *args]) == 2
-    assert says in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(("args", "says"), [
+]
+#: Audit settings out of range, or a pass with no pod to hold the Lease.
+BAD_AUDIT = [
     (["--audit-interval", "120"], "--audit-interval 120 needs --pod-name and --pod-namespace"),
     (["--audit-interval", "5", "--pod-name", "w-1", "--pod-namespace", "ns"],
      "--audit-interval must be 0 (off) or at least 10 seconds; got 5.0"),
     (["--audit-interval", "-1"], "--audit-interval must be 0 (off) or at least 10 seconds; got -1.0"),
     (["--audit-event-every", "0"], "--audit-event-every must be a number of seconds above 0; got 0.0"),
     (["--audit-lease", ""], "--audit-lease must name a Lease (1 to 253 characters); got ''"),
-])
-def test_serve_refuses_bad_audit_settings_naming_what_was_typed(capsys, args, says):
+]
+
+
+@pytest.mark.parametrize(("args", "says"), [*NOT_POSITIVE, *BAD_FAILOVER, *BAD_AUDIT])
+def test_serve_refuses_a_bad_setting_naming_what_was_typed(capsys, args, says):
+    """Checked where the flag enters, before anything starts: exit status 2 and the flag with its value."""
     assert cli.main(["serve", *args]) == 2
     assert says in capsys.readouterr().err
 

@@ -9,7 +9,7 @@ import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 import yaml
@@ -17,7 +17,7 @@ import yaml
 from devtools.builds import wheel
 from devtools.clusters.controlplane import ControlPlane, ControlPlaneError
 from devtools.clusters.local import LocalWebhook
-from devtools.waiting import until
+from devtools.waiting import NotWithin, until
 from hami_mt_webhook.rules import templates
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -30,6 +30,8 @@ ON_S5000 = {"mthreads.com/gpu.product": "MTT-S5000"}
 RETIRED = "mt-retired-scheduler"
 #: The taint the session's webhook gives slice pods a toleration for (`--sliced-node-taint`).
 TAINT = "e2e.example.com/sliced=true:NoSchedule"
+
+T = TypeVar("T")
 
 
 def pod(name: str, *limits: dict[str, Any], labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -44,6 +46,20 @@ def pod(name: str, *limits: dict[str, Any], labels: dict[str, str] | None = None
     if labels:
         meta["labels"] = labels
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"containers": containers, **spec}}
+
+
+def namespace(name: str, *labels: str) -> Any:
+    """A module-scoped fixture: the module's own namespace (with `labels`, as `key=value`), made once the session's
+    webhook serves. Each module names it: `ns = namespace("e2e-outage")`."""
+
+    @pytest.fixture(scope="module")
+    def made(controlplane: ControlPlane, webhook: LocalWebhook) -> str:
+        controlplane.kubectl("create", "namespace", name)
+        for label in labels:
+            controlplane.kubectl("label", "namespace", name, label)
+        return name
+
+    return made
 
 
 def apply(cp: ControlPlane, ns: str, manifest: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
@@ -145,6 +161,23 @@ def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> N
     until(what, check, timeout, interval=0.1)
 
 
+def until_seen(what: str, look: Callable[[], T], ok: Callable[[T], object] = bool, timeout: float = 90.0,
+               interval: float = 0.5, show: Callable[[T], object] = repr) -> T:
+    """`until` for a test: the first thing `look` sees that `ok` accepts. Failing, an AssertionError that shows
+    (`show`) the last thing seen, as an assert in a hand-written loop would: a timeout alone says little."""
+    seen: list[T] = []
+
+    def accepted() -> bool:
+        seen[:] = [look()]
+        return bool(ok(seen[0]))
+
+    try:
+        until(what, accepted, timeout, interval)
+    except NotWithin as e:
+        raise AssertionError(f"{e}; last seen: {show(seen[0])}") from None
+    return seen[0]
+
+
 def found(pattern: str, text: str) -> str:
     """The first group of `pattern` in `text` (a banner, a log), or a failure that shows the text."""
     match = re.search(pattern, text)
@@ -166,3 +199,9 @@ def processes_mentioning(path: Path) -> list[int]:
         except OSError:
             pass
     return found
+
+
+def none_left(path: Path, after: str, timeout: float = 10.0) -> None:
+    """No process naming `path` is left `after` what ended them: they die with their parent, a moment later."""
+    until_seen(f"no process of {path} {after}", lambda: processes_mentioning(path), lambda left: not left, timeout,
+               0.1, show=lambda left: f"still running: {left}")

@@ -14,18 +14,14 @@ import pytest
 from devtools.clusters.local import LocalWebhook
 from hami_mt_webhook.service import certs
 
-from .support import VGPU, apply, pod, stored
+from .support import VGPU, apply, namespace, pod, stored
 
 REVIEW = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
           "request": {"uid": "u1", "operation": "CREATE", "kind": {"group": "", "version": "v1", "kind": "Pod"},
                       "object": pod("direct", {"cpu": "10m"})}}
 
 
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-client-ca"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-client-ca")
 
 
 @pytest.fixture

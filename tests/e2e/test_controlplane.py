@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from devtools.builds.binaries import BIN_ENV, VERSION_ENV, pinned_versions
 from devtools.clusters.controlplane import ControlPlane, ControlPlaneError
 
-from .support import processes_mentioning
+from .support import none_left, processes_mentioning, until_seen
 
 SGPU_CAPACITY = {"mthreads.com/sgpu-core": "16", "mthreads.com/sgpu-memory": "96"}
 
@@ -65,10 +64,9 @@ def test_rbac_is_enforced_for_user_kubeconfigs(controlplane: ControlPlane) -> No
     controlplane.kubectl("create", "clusterrole", "e2e-node-reader", "--verb=get,list,watch", "--resource=nodes")
     controlplane.kubectl("create", "clusterrolebinding", "e2e-node-reader", "--clusterrole=e2e-node-reader",
                          "--user=e2e-someone")
-    deadline = time.monotonic() + 15  # the RBAC authorizer reads bindings from an informer cache
-    while (allowed := controlplane.kubectl("get", "nodes", kubeconfig=user, check=False)).returncode != 0:
-        assert time.monotonic() < deadline, allowed.stderr
-        time.sleep(0.2)
+    # The RBAC authorizer reads bindings from an informer cache.
+    until_seen("the binding in force", lambda: controlplane.kubectl("get", "nodes", kubeconfig=user, check=False),
+               lambda r: r.returncode == 0, 15, 0.2, show=lambda r: r.stderr)
     # Still nothing beyond the binding.
     assert controlplane.kubectl("get", "pods", "-A", kubeconfig=user, check=False).returncode != 0
 
@@ -122,7 +120,4 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
                           env={**os.environ, "HAMI_MT_CONTROLPLANE_BIN": str(ControlPlane().bin_dir)})
     assert proc.returncode == -9, proc.stderr
     assert set(json.loads(proc.stdout)) == {"etcd", "kube-apiserver"}
-    deadline = time.monotonic() + 10
-    while left := processes_mentioning(tmp_path):
-        assert time.monotonic() < deadline, f"still running after the parent died: {left}"
-        time.sleep(0.1)
+    none_left(tmp_path, "after the parent died")

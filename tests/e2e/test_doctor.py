@@ -10,7 +10,6 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from devtools.clusters import manifests
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.helm_release import apply_nodes, example_nodes
 from devtools.clusters.local import LocalWebhook
+from devtools.waiting import until
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.doctor import fetch
 from hami_mt_webhook.service import certs
@@ -343,11 +343,9 @@ def _served_serial(hook: LocalWebhook) -> int:
     return x509.load_pem_x509_certificate(fetch.probe("127.0.0.1", hook.port)).serial_number
 
 
-def _until(check: Any, what: str, seconds: float = 20.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
+def _reloaded(hook: LocalWebhook, serial: int) -> None:
+    """The webhook serves a certificate other than `serial`: it reloads its files a moment after they change."""
+    until("the webhook serving the rotated certificate", lambda: _served_serial(hook) != serial, 20, 0.2)
 
 
 def test_ca_bundle_against_the_served_certificate_and_its_expiry(cp, hook, capsys):
@@ -368,7 +366,7 @@ def test_ca_bundle_against_the_served_certificate_and_its_expiry(cp, hook, capsy
     before = _served_serial(hook)
     certs.rotate(root, days=10, force=True)  # keeps the CA and the certificate's names
     try:
-        _until(lambda: _served_serial(hook) != before, "the webhook did not reload its certificate")
+        _reloaded(hook, before)
         code, found = doctor(cp, capsys)
         assert code == 1
         (f,) = found  # the three webhook configurations call one endpoint: one finding
@@ -378,7 +376,7 @@ def test_ca_bundle_against_the_served_certificate_and_its_expiry(cp, hook, capsy
     finally:
         renewed = _served_serial(hook)
         certs.rotate(root, force=True)
-        _until(lambda: _served_serial(hook) != renewed, "the webhook did not reload its certificate")
+        _reloaded(hook, renewed)
     assert doctor(cp, capsys) == (0, [])
 
 

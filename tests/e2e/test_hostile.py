@@ -5,19 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-import pytest
-
 from devtools.load.attacks import Flood
 from devtools.load.traffic import LoopThread
 
-from .support import CORE, MEMORY, VGPU, apply, metric, pod, resources, stored
+from .support import CORE, MEMORY, VGPU, apply, metric, namespace, pod, resources, stored, until_seen
 
-
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-hostile"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-hostile")
 
 
 def test_a_slice_pod_is_admitted_while_idle_connections_and_handshakes_flood_the_port(controlplane, webhook, ns):
@@ -42,10 +35,8 @@ def admitted_under(controlplane, webhook, ns: str, prefix: str, floods: list[Flo
     held = [asyncio.Event() for _ in floods]
     runs = [asyncio.run_coroutine_threadsafe(f.run(stop, h), lt.loop) for f, h in zip(floods, held, strict=True)]
     try:
-        deadline = time.monotonic() + 60
-        while not all(h.is_set() for h in held):
-            assert time.monotonic() < deadline, f"the flood did not build up: {[f.stats() for f in floods]}"
-            time.sleep(0.2)
+        until_seen("the floods built up", lambda: all(h.is_set() for h in held), timeout=60, interval=0.2,
+                   show=lambda _: [f.stats() for f in floods])
         time.sleep(1.0)
         for i in range(3):  # the API server's calls, with its pooled connections being shed around them
             r = apply(controlplane, ns, pod(f"{prefix}-{i}", {VGPU: 1, MEMORY: 32, CORE: 8}))

@@ -31,7 +31,7 @@ from devtools.clusters.helm_release import NAMESPACE, RELEASE, apply_nodes, exam
 from devtools.clusters.local import CHART, LocalWebhook
 from devtools.clusters.node import hierarchies, own_memory_cgroup, remove_cgroups
 
-from .support import CORE, MEMORY, VGPU, pod
+from .support import CORE, MEMORY, VGPU, pod, until_seen
 
 pytestmark = pytest.mark.skipif(os.environ.get("HAMI_MT_KUBE_VERSION") == "floor",
                                 reason="the image does not depend on the Kubernetes version: run on the newest")
@@ -148,12 +148,17 @@ def test_the_image_runs_as_the_charts_deployment(built: str, cluster: ControlPla
                        {"metadata.name": name, "metadata.namespace": NAMESPACE})
     image.run("run", "--detach", "--name", name, *args, built)
     try:
-        deadline = time.monotonic() + 60
-        while probe(ports["health"], container["readinessProbe"]["httpGet"]["path"]) != 200:
+        def log_tail() -> str:
+            return image.run("logs", name).stderr[-3000:]
+
+        def ready() -> bool:
+            if probe(ports["health"], container["readinessProbe"]["httpGet"]["path"]) == 200:
+                return True
             state = image.run("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
-            assert state == "running" and time.monotonic() < deadline, \
-                f"not ready ({state}):\n{image.run('logs', name).stderr[-3000:]}"
-            time.sleep(0.5)
+            assert state == "running", f"not ready ({state}):\n{log_tail()}"
+            return False
+
+        until_seen("the container ready", ready, timeout=60, interval=0.5, show=lambda _: f"not ready:\n{log_tail()}")
         assert probe(ports["health"], container["livenessProbe"]["httpGet"]["path"]) == 200
         assert b"hami_mt_webhook_" in urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics']}/metrics",
                                                               timeout=5).read()

@@ -9,6 +9,8 @@ On a control plane of its own: stopping the session's webhook would fail other m
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import socket
 import ssl
 import time
@@ -25,6 +27,7 @@ from devtools.clusters import monitoring
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.helm_release import NAMESPACE, apply_nodes, example_nodes
 from devtools.clusters.local import LocalWebhook
+from devtools.waiting import NotWithin, until
 
 from .mutators import LoopbackWebhook
 from .support import IMAGE, MEMORY, ON_S5000, VGPU, WHOLE, apply, metric, pod, wait_for
@@ -159,22 +162,24 @@ def traffic(cp: ControlPlane, hook: LocalWebhook, prom: monitoring.Prometheus, r
     # the webhook stopped: the pod webhooks' calls fail (refused), the workload check's fail open
     hook.stop()
     stopped = time.monotonic()
+    calls = itertools.count()
+
+    def alerts_firing() -> bool:
+        """One more call refused and one let through; then whether all three alerts' expressions are non-empty."""
+        i = next(calls)
+        refused = apply(cp, NS, pod(f"while-down-{i}", {VGPU: 1}))
+        assert refused.returncode != 0 and "failed calling webhook" in refused.stderr, refused.stderr
+        assert apply(cp, NS, deployment(f"while-down-{i}")).returncode == 0
+        done.calls_failing_while_down = prom.query(expr_of(rules, "HamiMtWebhookCallsFailing"))
+        if done.calls_failing_while_down and done.calls_failing_after_s < 0:
+            done.calls_failing_after_s = time.monotonic() - stopped
+        done.fail_open_while_down = prom.query(expr_of(rules, "HamiMtWebhookFailingOpen"))
+        done.replica_down_while_down = prom.query(expr_of(rules, "HamiMtWebhookReplicaDown"))
+        return bool(done.calls_failing_while_down and done.fail_open_while_down and done.replica_down_while_down)
+
     try:
-        deadline = stopped + ALERT_WITHIN_S
-        i = 0
-        while time.monotonic() < deadline:
-            refused = apply(cp, NS, pod(f"while-down-{i}", {VGPU: 1}))
-            assert refused.returncode != 0 and "failed calling webhook" in refused.stderr, refused.stderr
-            assert apply(cp, NS, deployment(f"while-down-{i}")).returncode == 0
-            i += 1
-            done.calls_failing_while_down = prom.query(expr_of(rules, "HamiMtWebhookCallsFailing"))
-            if done.calls_failing_while_down and done.calls_failing_after_s < 0:
-                done.calls_failing_after_s = time.monotonic() - stopped
-            done.fail_open_while_down = prom.query(expr_of(rules, "HamiMtWebhookFailingOpen"))
-            done.replica_down_while_down = prom.query(expr_of(rules, "HamiMtWebhookReplicaDown"))
-            if done.calls_failing_while_down and done.fail_open_while_down and done.replica_down_while_down:
-                break
-            time.sleep(0.5)
+        with contextlib.suppress(NotWithin):  # what fired by then is the tests' to judge, each alert on its own
+            until("the outage's three alerts firing", alerts_firing, ALERT_WITHIN_S, 0.5)
     finally:
         hook.start()
     wait_for("Prometheus to scrape the restarted webhook",

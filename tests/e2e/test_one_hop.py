@@ -12,7 +12,6 @@ run by then, so only the validating webhook can see the change.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,13 @@ from typing import Any
 import pytest
 import yaml
 
+from devtools.waiting import until
 from hami_mt_webhook.rules.config import BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
 
 from .mutators import LoopbackWebhook, serves_mutating_policies
+
+# Much the list test_webhook.py imports, deliberately: each module names the constants and helpers it uses.
 from .support import (
     CORE,
     MEMORY,
@@ -35,9 +37,11 @@ from .support import (
     apply,
     exists,
     metric,
+    namespace,
     pod,
     resources,
     stored,
+    wait_for,
 )
 
 NS = "e2e-one-hop"
@@ -58,20 +62,14 @@ def meddle(path: str, obj: dict[str, Any]) -> list[dict[str, Any]]:
     return []
 
 
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook) -> str:
-    controlplane.kubectl("create", "namespace", NS)
-    return NS
+ns = namespace(NS)
 
 
 def until_applied(controlplane, labels: dict[str, str], check: Callable[[Any], bool]) -> None:
     """Admission configurations reach the chain a moment after they are stored: dry-run a probe until it shows."""
-    for _ in range(100):
-        probe = pod("probe", {VGPU: 1, MEMORY: 32, CORE: 8}, labels=labels, nodeSelector=ON_S4000)
-        if check(apply(controlplane, NS, probe, "--dry-run=server", "-o", "json")):
-            return
-        threading.Event().wait(0.2)
-    raise AssertionError(f"no admission configuration acted on a pod labelled {labels}")
+    probe = pod("probe", {VGPU: 1, MEMORY: 32, CORE: 8}, labels=labels, nodeSelector=ON_S4000)
+    until(f"an admission configuration acting on a pod labelled {labels}",
+          lambda: check(apply(controlplane, NS, probe, "--dry-run=server", "-o", "json")), 30, 0.2)
 
 
 @pytest.fixture(scope="module")
@@ -374,8 +372,7 @@ def test_get_then_apply_and_recreating_from_the_output_keep_the_record(controlpl
                             if k in ("name", "namespace", "labels", "annotations")}
     # A bound pod waits for a kubelet to confirm its deletion, and there is none: remove it at once.
     controlplane.kubectl("delete", "pod", "-n", ns, "again", "--grace-period=0", "--force")
-    while exists(controlplane, ns, "again"):
-        threading.Event().wait(0.1)
+    wait_for("the force-deleted pod gone", lambda: not exists(controlplane, ns, "again"))
     before = validations(webhook)
     r = controlplane.kubectl("create", "-f", "-", input=yaml.safe_dump(manifest), check=False)
     assert r.returncode == 0 and "Warning" not in r.stderr, r.stderr

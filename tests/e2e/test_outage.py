@@ -7,18 +7,14 @@ import json
 
 import pytest
 
-from .support import MEMORY, VGPU, WHOLE, apply, exists, pod
+from .support import MEMORY, VGPU, WHOLE, apply, exists, namespace, pod
 
 PODS_DURING_OUTAGE = 100
 WHOLE_CARD_PODS = 20
 IGNORE = {"hami.io/webhook": "ignore"}
 
 
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-outage"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-outage")
 
 
 def test_webhook_down_blocks_only_gpu_pods_and_recovers(controlplane, webhook, ns):

@@ -14,7 +14,7 @@ from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.helm_release import apply_nodes, example_nodes
 from devtools.clusters.local import LocalWebhook
 
-from .support import MEMORY, ON_S5000, VGPU, apply, pod
+from .support import MEMORY, ON_S5000, VGPU, apply, pod, until_seen
 
 
 def _fill(cp: ControlPlane, ns: str, name: str, **spec) -> str:
@@ -40,18 +40,15 @@ def test_not_ready_until_the_node_set_is_read_and_live_throughout(tmp_path):
             assert r.returncode == 0, r.stderr  # never sent: matchConditions
 
             hook.install()  # the binding is back
-            deadline = time.monotonic() + 15
-            while not hook.ready() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert hook.ready(), hook.tail()
+            until_seen("the replica ready, the binding back", hook.ready, timeout=15, interval=0.2,
+                       show=lambda _: hook.tail())
             # No node reports sliced cards yet: the complete (empty) set means the configured fallback.
             assert _fill(cp, "early", "no-nodes") == "96"
 
             apply_nodes(cp, example_nodes())
-            deadline = time.monotonic() + 15
-            while _fill(cp, "early", "on-s5000", nodeSelector=ON_S5000) != "160" and time.monotonic() < deadline:
-                time.sleep(0.2)
-            assert _fill(cp, "early", "on-s5000", nodeSelector=ON_S5000) == "160"
+            until_seen("the S5000's 160 units in the replica's view",
+                       lambda: _fill(cp, "early", "on-s5000", nodeSelector=ON_S5000), lambda units: units == "160",
+                       15, 0.2)
             r = apply(cp, "early", pod("in-time", {VGPU: 1}))
             assert r.returncode == 0, r.stderr
         finally:

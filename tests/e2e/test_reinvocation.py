@@ -167,12 +167,17 @@ def policies(controlplane, webhook, tmp_path_factory: pytest.TempPathFactory) ->
             server.close()
 
 
-def test_a_sidecar_injected_after_the_webhook_is_snapped_and_checked(controlplane, webhook, policies):
-    r = apply(controlplane, policies, pod("sidecar", {VGPU: 1, MEMORY: 64}, labels={MAP_LABEL: "sidecar"},
-                                          nodeSelector=ON_S5000))
+def snapped(controlplane, ns: str, name: str, change: str, container: str) -> dict[str, Any]:
+    """A 64-unit slice pod on the S5000 that the mutator after ours changes as `change` says (its MAP_LABEL):
+    admitted, `container`'s 20 units snapped up to 32 when ours is called again. The pod as stored."""
+    r = apply(controlplane, ns, pod(name, {VGPU: 1, MEMORY: 64}, labels={MAP_LABEL: change}, nodeSelector=ON_S5000))
     assert r.returncode == 0, r.stderr
-    assert 'container "telemetry": mthreads.com/sgpu-memory 20 (10 GiB) snapped up to 32 (16 GiB)' in r.stderr
-    obj = stored(controlplane, policies, "sidecar")
+    assert f'container "{container}": mthreads.com/sgpu-memory 20 (10 GiB) snapped up to 32 (16 GiB)' in r.stderr
+    return stored(controlplane, ns, name)
+
+
+def test_a_sidecar_injected_after_the_webhook_is_snapped_and_checked(controlplane, webhook, policies):
+    obj = snapped(controlplane, policies, "sidecar", "sidecar", "telemetry")
     names = [c["name"] for c in obj["spec"]["containers"]]
     assert names == ["c0", SIDECAR]
     assert resources(obj, 1) == ({VGPU: "1", MEMORY: "32"}, {VGPU: "1", MEMORY: "32"})  # snapped, requests = limits
@@ -189,11 +194,7 @@ def test_a_sidecar_that_does_not_fit_the_card_is_denied(controlplane, webhook, p
 
 
 def test_memory_changed_after_the_webhook_is_snapped_again(controlplane, webhook, policies):
-    r = apply(controlplane, policies, pod("shrunk", {VGPU: 1, MEMORY: 64}, labels={MAP_LABEL: "shrink"},
-                                          nodeSelector=ON_S5000))
-    assert r.returncode == 0, r.stderr
-    assert 'container "c0": mthreads.com/sgpu-memory 20 (10 GiB) snapped up to 32 (16 GiB)' in r.stderr
-    obj = stored(controlplane, policies, "shrunk")
+    obj = snapped(controlplane, policies, "shrunk", "shrink", "c0")
     assert resources(obj, 0) == ({VGPU: "1", MEMORY: "32"}, {VGPU: "1", MEMORY: "32"})
 
 

@@ -4,30 +4,21 @@ webhook and the backstop; a pod's own label skips the mutation only."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from devtools.clusters import manifests
+from devtools.waiting import until
 
-from .support import CORE, MEMORY, VGPU, WHOLE, apply, exists, pod, resources, stored
+from .support import CORE, MEMORY, VGPU, WHOLE, apply, exists, namespace, pod, resources, stored
 
 IGNORE = {"hami.io/webhook": "ignore"}
 
 
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-trust"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-trust")
 
 
-@pytest.fixture(scope="module")
-def ignored_ns(controlplane, webhook):
-    name = "e2e-trust-ignored"
-    controlplane.kubectl("create", "namespace", name)
-    controlplane.kubectl("label", "namespace", name, "hami.io/webhook=ignore")
-    return name
+ignored_ns = namespace("e2e-trust-ignored", "hami.io/webhook=ignore")
 
 
 BACKSTOP = "ValidatingAdmissionPolicy 'hami-mt-backstop'"
@@ -35,14 +26,6 @@ MIXED = ('container "c0" asks for mthreads.com/gpu (whole cards, outside HAMi) a
          "(sGPU slices)")
 DEFAULT = ('container "c0" asks for sGPU slices but spec.schedulerName is default-scheduler: its hami.io/webhook: '
            "ignore label skips the mutation only")
-
-
-def _until(check, what: str, seconds: float = 20.0) -> None:
-    """Policy bindings reach the API server's admission through an informer: wait for the change to apply."""
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.3)
 
 
 @pytest.fixture
@@ -56,13 +39,14 @@ def backstop_off(controlplane, ns):
     def backstop_answers() -> bool:
         return BACKSTOP in apply(controlplane, ns, probe, "--dry-run=server").stderr
 
+    # Policy bindings reach the API server's admission through an informer: each change applies a moment later.
     controlplane.kubectl("delete", "validatingadmissionpolicybinding", binding["metadata"]["name"])
     try:
-        _until(lambda: not backstop_answers(), "the backstop still answers after its binding was deleted")
+        until("the backstop silent without its binding", lambda: not backstop_answers(), 20, 0.3)
         yield
     finally:
         controlplane.kubectl("apply", "-f", "-", input=json.dumps(binding))
-        _until(backstop_answers, "the backstop binding did not come back")
+        until("the backstop answering again, its binding back", backstop_answers, 20, 0.3)
 
 
 @pytest.mark.parametrize("layer", ["backstop", "validating webhook"])

@@ -18,11 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from devtools import waiting
 from devtools.clusters import monitoring
 from devtools.clusters.controlplane import binaries
 from devtools.paths import REPO_ROOT
 
-from .support import found, processes_mentioning
+from .support import found, none_left, processes_mentioning, until_seen
 
 EXAMPLES = REPO_ROOT / "examples"
 BANNER_END = "Ctrl-C stops everything."
@@ -52,17 +53,21 @@ class Run:
     def until(self, fragment: str, timeout: float = 180.0) -> str:
         """The output up to and including the first line holding `fragment`."""
         seen: list[str] = []
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def through_fragment() -> str | None:
             try:
-                line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                line = self.lines.get(timeout=0.5)  # a blocking read: `until` need not sleep between lines
             except queue.Empty:
-                line = None
+                return None
             if line is None:
-                pytest.fail(f"no {fragment!r} in the output of `try`:\n{''.join(seen)}")
+                pytest.fail(f"no {fragment!r} in the output of `try`, which ended:\n{''.join(seen)}")
             seen.append(line)
-            if fragment in line:
-                return "".join(seen)
+            return "".join(seen) if fragment in line else None
+
+        try:
+            return waiting.until(f"{fragment!r} in the output of `try`", through_fragment, timeout, interval=0)
+        except waiting.NotWithin as e:
+            pytest.fail(f"{e}:\n{''.join(seen)}")
 
     def stop(self, sig: int, timeout: float = 60.0) -> int:
         self.proc.send_signal(sig)
@@ -74,10 +79,7 @@ class Run:
             self.proc.wait()
 
     def assert_nothing_left(self) -> None:
-        deadline = time.monotonic() + 10
-        while left := processes_mentioning(self.dir):
-            assert time.monotonic() < deadline, f"still running after `try` ended: {left}"
-            time.sleep(0.1)
+        none_left(self.dir, "after `try` ended")
         assert list(self.dir.iterdir()) == []
 
 
@@ -182,11 +184,11 @@ def test_prometheus_beside_the_playground_evaluates_the_shipped_alerts(tmp_path,
 
     alerts = {r["name"] for g in api("rules")["groups"] for r in g["rules"]}
     assert alerts == {a["alert"] for a in monitoring.alerts(monitoring.component_rules())}
-    deadline = time.monotonic() + 30
-    while {t["labels"]["job"]: t["health"] for t in api("targets")["activeTargets"]} != {
-            "hami-mt-webhook": "up", "apiserver": "up"}:
-        assert time.monotonic() < deadline, api("targets")
-        time.sleep(0.5)
+    def both_up(targets: dict) -> bool:
+        return {t["labels"]["job"]: t["health"] for t in targets["activeTargets"]} == {
+            "hami-mt-webhook": "up", "apiserver": "up"}
+
+    until_seen("both targets scraped and up", lambda: api("targets"), both_up, 30, 0.5)
     assert run.stop(signal.SIGTERM) == 0
     run.until(" is removed")
     run.assert_nothing_left()  # Prometheus's command line names its files in the run directory
@@ -211,20 +213,33 @@ def test_the_readme_tour_prints_what_it_shows(tmp_path, runs):
         if command == "echo $?":
             assert [str(status)] == want, "the tour's exit status"
             continue
-        deadline = time.monotonic() + (30 if command.startswith("kubectl get") else 0)
-        while True:
-            done = subprocess.run(["bash", "-c", f"kubectl() {{ {alias} \"$@\"; }}\n{command}"], cwd=REPO_ROOT, env=env,
-                                  capture_output=True, text=True, timeout=120)
-            out, err = ([POD_SUFFIX.sub(r"\1...", line.rstrip()) for line in stream.splitlines()]
-                        for stream in (done.stdout, done.stderr))
-            if want in (err + out, out + err) or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        printed, readme = "\n".join(err + out), "\n".join(want)
-        assert want in (err + out, out + err), f"`{command}` printed\n{printed}\nwhere the README shows\n{readme}"
-        status = done.returncode
+        status = as_the_tour_shows(alias, env, command, want)
     assert run.stop(signal.SIGINT) == 0
     run.assert_nothing_left()
+
+
+def as_the_tour_shows(alias: str, env: dict[str, str], command: str, want: list[str]) -> int:
+    """`command` run as a reader types it, with the banner's alias, until it prints `want`: a read (`kubectl get`)
+    for up to 30 s, as a reader gives the controllers a second, anything else once. Its exit status."""
+    def printed() -> tuple[int, list[str], list[str]]:
+        done = subprocess.run(["bash", "-c", f"kubectl() {{ {alias} \"$@\"; }}\n{command}"], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=120)
+        out, err = ([POD_SUFFIX.sub(r"\1...", line.rstrip()) for line in stream.splitlines()]
+                    for stream in (done.stdout, done.stderr))
+        return done.returncode, out, err
+
+    def shown(seen: tuple[int, list[str], list[str]]) -> bool:
+        _, out, err = seen
+        return want in (err + out, out + err)
+
+    def differs(seen: tuple[int, list[str], list[str]]) -> str:
+        _, out, err = seen
+        printed, readme = "\n".join(err + out), "\n".join(want)
+        return f"`{command}` printed\n{printed}\nwhere the README shows\n{readme}"
+
+    status, _, _ = until_seen(f"`{command}` printing what the README shows", printed, shown,
+                              30 if command.startswith("kubectl get") else 0, 0.5, show=differs)
+    return status
 
 
 def test_a_closed_terminal_stops_everything(tmp_path, runs):
@@ -242,12 +257,12 @@ def test_a_closed_stdout_never_skips_the_stop(tmp_path, runs):
     assert run.proc.stdout is not None
     assert "starting etcd" in run.proc.stdout.readline()
     run.proc.stdout.close()  # what `head -1` does after its line
-    deadline = time.monotonic() + 180
-    while not list(run.dir.glob("*/webhook-*.log")) or \
-            "node view synced" not in next(run.dir.glob("*/webhook-*.log")).read_text():
+
+    def webhook_up() -> bool:
         assert run.proc.poll() is None, "try ended by itself when its stdout closed"
-        assert time.monotonic() < deadline, "the webhook never came up"
-        time.sleep(0.2)
+        return any("node view synced" in log.read_text() for log in run.dir.glob("*/webhook-*.log"))
+
+    waiting.until("the webhook up, as its log says", webhook_up, 180, 0.2)
     time.sleep(1)  # the banner now goes to the closed pipe
     assert run.proc.poll() is None
     assert run.stop(signal.SIGINT) == 0
@@ -284,11 +299,11 @@ def test_a_stopped_test_run_leaves_nothing(tmp_path, sig):
                              f"{__file__}::test_victim"], cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.monotonic() + 180
-        while not any("node view synced" in log.read_text() for log in tmp_path.glob("*/webhook/webhook-*.log")):
+        def webhook_up() -> bool:
             assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")
-            assert time.monotonic() < deadline, "the victim's webhook never came up"
-            time.sleep(0.2)
+            return any("node view synced" in log.read_text() for log in tmp_path.glob("*/webhook/webhook-*.log"))
+
+        waiting.until("the victim's webhook up, as its log says", webhook_up, 180, 0.2)
         assert processes_mentioning(tmp_path)
         proc.send_signal(sig)
         out = proc.communicate(timeout=90)[0].decode(errors="replace")
@@ -297,8 +312,5 @@ def test_a_stopped_test_run_leaves_nothing(tmp_path, sig):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    deadline = time.monotonic() + 10
-    while left := processes_mentioning(tmp_path):
-        assert time.monotonic() < deadline, f"still running after the test run ended: {left}"
-        time.sleep(0.1)
+    none_left(tmp_path, "after the test run ended")
     assert [p.name for p in tmp_path.iterdir()] == []

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +26,14 @@ from .support import (
     apply,
     exists,
     metric,
+    namespace,
     pod,
     resources,
     stored,
+    until_seen,
 )
 
-
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-rules"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-rules")
 
 
 def test_slice_pod_is_stored_with_hami_scheduler_and_equal_requests(controlplane, ns):
@@ -237,20 +233,20 @@ def test_an_overcommitted_node_is_used_as_reported_logged_once_and_counted(contr
 
         for step in range(1, 6):  # label changes: node events that keep the capacity
             controlplane.kubectl("label", "node", name, f"e2e-step={step}", "--overwrite")
-        deadline = time.monotonic() + 20
-        while json.loads((r := fill("5")).stdout)["spec"]["containers"][0]["resources"]["limits"][MEMORY] != "176":
-            assert time.monotonic() < deadline, r.stderr  # the last label reached the view: so did all before it
-            time.sleep(0.2)
+        def as_reported(r: subprocess.CompletedProcess[str]) -> bool:
+            return json.loads(r.stdout)["spec"]["containers"][0]["resources"]["limits"][MEMORY] == "176"
+
+        # The last label reached the view: so did all before it.
+        r = until_seen("the last label in the webhook's node view", lambda: fill("5"), as_reported, 20, 0.2,
+                       show=lambda r: r.stderr)
         assert "mthreads.com/sgpu-memory 176 (88 GiB); 176 units a card is not a known card size (96, 160): the " \
                "node's reported mthreads.com/sgpu-memory likely includes the vendor's overcommit_ratio" in r.stderr
         assert metric(webhook, "hami_mt_webhook_nonstandard_capacity_nodes") == before + 1
         assert len(_log_lines(webhook, f"node {name}: 176 units")) == 1  # six events, one line
     finally:
         controlplane.kubectl("delete", "node", name)
-    deadline = time.monotonic() + 20
-    while metric(webhook, "hami_mt_webhook_nonstandard_capacity_nodes") != before:
-        assert time.monotonic() < deadline, "the deleted node still counts"
-        time.sleep(0.2)
+    until_seen("the deleted node no longer counted",
+               lambda: metric(webhook, "hami_mt_webhook_nonstandard_capacity_nodes"), lambda n: n == before, 20, 0.2)
 
 
 def test_the_opt_in_sliced_node_taint_is_tolerated_by_slice_pods_only(controlplane, ns):

@@ -7,18 +7,14 @@ from typing import Any
 
 import pytest
 
-from .support import EXAMPLES, IMAGE, MEMORY, ON_S4000, VGPU, WHOLE, apply, check_example, custom, metric
+from .support import EXAMPLES, IMAGE, MEMORY, ON_S4000, VGPU, WHOLE, apply, check_example, custom, metric, namespace
 
 DENIED = 'admission webhook "validate-workloads.hami-mt.mthreads.com" denied the request: '
 GROUPS = {"Deployment": "apps", "StatefulSet": "apps", "DaemonSet": "apps", "ReplicaSet": "apps", "Job": "batch",
           "CronJob": "batch"}
 
 
-@pytest.fixture(scope="module")
-def ns(controlplane, webhook):
-    name = "e2e-workloads"
-    controlplane.kubectl("create", "namespace", name)
-    return name
+ns = namespace("e2e-workloads")
 
 
 def workload(kind: str, name: str, limits: dict[str, Any], **spec: Any) -> dict[str, Any]:

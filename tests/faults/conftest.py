@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -18,19 +17,11 @@ from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread
 from devtools.scenarios.faults import Faults, cluster_with_chart
-from tests.tiers import only_when_selected, report_measured
+from tests.tiers import Tier
 
-FAULTS_DIR = Path(__file__).resolve().parent
-#: Lines for the summary at the end of the run.
-MEASURED: list[str] = []
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    only_when_selected(config, items, "faults", FAULTS_DIR)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    report_measured(terminalreporter, "fault tier", MEASURED)
+TIER = Tier("faults", __file__, "fault tier")
+MEASURED = TIER.measured
+pytest_collection_modifyitems, pytest_terminal_summary = TIER.hooks()
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,27 +22,19 @@ from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, creating
 from devtools.release import previous
-from tests.tiers import only_when_selected, report_measured
+from tests.tiers import Tier
 
 from .replicas import failover, failover_working, replicas, rolled_out, wait_for
 
-NODE_DIR = Path(__file__).resolve().parent
+TIER = Tier("node", __file__, "node tier")
+MEASURED = TIER.measured
+pytest_collection_modifyitems, pytest_terminal_summary = TIER.hooks()
 NAMESPACE = helm_release.NAMESPACE
 RATE = 20  # slice pods created per second under every change of the chart's Deployment
 #: Long enough for a rollout of 3 replicas (each with its 5 s preStop) and failover's settling after it.
 UPGRADE_SECONDS = 60
 #: The values the install and every upgrade give (`install_chart_on_node`'s own: the image built here).
 USER_VALUES = ("--set", f"image.repository={helm_release.NODE_IMAGE_REPOSITORY}")
-#: Lines for the summary at the end of the run: what the tier measured.
-MEASURED: list[str] = []
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    only_when_selected(config, items, "node", NODE_DIR)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    report_measured(terminalreporter, "node tier", MEASURED)
 
 
 @pytest.fixture(scope="session")

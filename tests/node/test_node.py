@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 from devtools import pki
 from devtools.clusters.node import BRIDGE, FABRIC_IP, UPLINK
 from devtools.clusters.nodes import NodeCluster
+
+from ..e2e.support import until_seen
 
 
 def test_node_is_ready_at_its_own_address(node: NodeCluster) -> None:
@@ -44,12 +45,9 @@ def test_a_pod_of_the_pause_image_runs(node: NodeCluster) -> None:
                     "terminationGracePeriodSeconds": 1}}
     node.kubectl("create", "-f", "-", input=json.dumps(pod))
     try:
-        deadline = time.monotonic() + 60
-        phase = ""
-        while phase != "Running" and time.monotonic() < deadline:
-            time.sleep(0.25)
-            phase = node.kubectl("get", "pod", "pause", "-o", "jsonpath={.status.phase}").stdout
-        assert phase == "Running"
+        until_seen("the pause pod Running", lambda: node.kubectl("get", "pod", "pause", "-o",
+                                                                "jsonpath={.status.phase}").stdout,
+                   lambda phase: phase == "Running", 60, 0.25)
         ip = node.kubectl("get", "pod", "pause", "-o", "jsonpath={.status.podIP}").stdout
         assert ip.startswith("10.244.1.")
     finally:

@@ -10,14 +10,13 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 from devtools.clusters import helm_release
 from devtools.clusters.node import hierarchies, leftovers, own_memory_cgroup
 from tests.e2e.support import found
 
-from ..e2e.support import processes_mentioning
+from ..e2e.support import processes_mentioning, until_seen
 from ..e2e.test_try import BANNER_END, Run
 from .test_chart import SLICE_POD
 
@@ -66,11 +65,12 @@ def test_make_run_on_the_node_serves_from_the_replicas_and_leaves_nothing() -> N
         assert "stopping ..." in said and "stopped: the pods, kubelet, containerd and the control plane" in said
         cgroup_root = f"{own_memory_cgroup().rstrip('/')}/{workdir.name}"  # the run is in our memory cgroup
         assert hierarchies(), "no cgroup hierarchy to check"
-        deadline = time.monotonic() + 10
-        while (left := {what: v for what, v in leftovers(workdir, cgroup_root, inode).items() if v}) or \
-                processes_mentioning(run.dir):
-            assert time.monotonic() < deadline, f"left after the run: {left} {processes_mentioning(run.dir)}"
-            time.sleep(0.2)
+
+        def left() -> tuple[dict[str, list[str]], list[int]]:
+            return ({what: v for what, v in leftovers(workdir, cgroup_root, inode).items() if v},
+                    processes_mentioning(run.dir))
+
+        until_seen("nothing of the run left", left, lambda seen: not any(seen), 10, 0.2)
         assert list(run.dir.iterdir()) == []
     finally:
         run.kill()

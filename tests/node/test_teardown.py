@@ -6,12 +6,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from devtools.clusters.node import hierarchies, own_memory_cgroup
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
+
+from ..e2e.support import until_seen
 
 
 def snapshot() -> dict[str, set[str]]:
@@ -38,10 +39,9 @@ def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
                "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
         node.kubectl("create", "-f", "-", input=json.dumps(pod))
-        deadline = time.monotonic() + 60
-        while node.kubectl("get", "pod", "holder", "-o", "jsonpath={.status.phase}").stdout != "Running":
-            assert time.monotonic() < deadline, "the pod did not start"
-            time.sleep(0.25)
+        until_seen("the holder pod Running", lambda: node.kubectl("get", "pod", "holder", "-o",
+                                                                 "jsonpath={.status.phase}").stdout,
+                   lambda phase: phase == "Running", 60, 0.25)
         during = snapshot()
         # The node's mounts exist only in its own mount namespace, its cgroups in the machine's hierarchies.
         assert not [m for m in during["mounts"] - before["mounts"] if str(workdir) in m]
@@ -76,15 +76,16 @@ def _cmdline(pid: str) -> str:
 
 
 KILLED_RUN = """
-import json, sys, time
+import json, time
 from devtools.clusters.nodes import NodeCluster
+from devtools.waiting import until
 node = NodeCluster(2, images=())
 node.start()
 pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "holder", "namespace": "default"},
        "spec": {"containers": [{"name": "pause", "image": node.pause, "imagePullPolicy": "Never"}]}}
 node.kubectl("create", "-f", "-", input=json.dumps(pod))
-while node.kubectl("get", "pod", "holder", "-o", "jsonpath={.status.phase}").stdout != "Running":
-    time.sleep(0.25)
+until("the holder pod Running", lambda: node.kubectl("get", "pod", "holder", "-o",
+                                                    "jsonpath={.status.phase}").stdout == "Running", 60, 0.25)
 dirs = [str(d) for h in node.hosts for d in h.cgroup_dirs()]
 inodes = [node.fabric_inode, *(h.netns_inode for h in node.hosts)]
 print(json.dumps({"workdir": str(node.workdir), "inodes": inodes, "cgroups": dirs}), flush=True)
@@ -108,10 +109,9 @@ def test_a_killed_run_leaves_nothing_either() -> None:
         proc.wait()
     workdir, inodes = Path(started["workdir"]), started["inodes"]
     assert [Path(d).is_dir() for d in started["cgroups"]] and workdir.is_dir()
-    deadline = time.monotonic() + 30
-    while workdir.exists() or any(Path(d).exists() for d in started["cgroups"]) or _netns_pids(*inodes):
-        assert time.monotonic() < deadline, (workdir.exists(), started["cgroups"], _netns_pids(*inodes))
-        time.sleep(0.2)
+    until_seen("the work dir, the cgroups and the namespaces' processes gone", lambda: (
+        workdir.exists(), [d for d in started["cgroups"] if Path(d).exists()], _netns_pids(*inodes)),
+        lambda left: not any(left), 30, 0.2)
 
 
 def _netns_pids(*inodes: int) -> list[str]:

@@ -25,18 +25,11 @@ from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters import helm_release
 from devtools.clusters.nodes import NodeCluster
 from devtools.clusters.registry import Registry, RegistryError
-from tests.tiers import only_when_selected, report_measured
+from tests.tiers import Tier
 
-RELEASE_DIR = Path(__file__).resolve().parent
-MEASURED: list[str] = []
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    only_when_selected(config, items, "release", RELEASE_DIR)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    report_measured(terminalreporter, "release tier", MEASURED)
+TIER = Tier("release", __file__, "release tier")
+MEASURED = TIER.measured
+pytest_collection_modifyitems, pytest_terminal_summary = TIER.hooks()
 
 
 @dataclass

@@ -13,6 +13,7 @@ from typing import cast
 import pytest
 
 from devtools.load import attacks
+from hami_mt_webhook.service import listener as listener_module
 from hami_mt_webhook.service.http11 import MAX_HEAD, MAX_REQUEST_LINE
 from hami_mt_webhook.service.listener import Limits
 from tests.builders import container, make_pod, padded_request, review_body
@@ -109,12 +110,22 @@ async def read_head(reader: asyncio.StreamReader) -> tuple[bytes, dict[bytes, by
     return status, headers
 
 
+async def kept_alive(running) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection whose one request is answered and that is kept alive, as kube-apiserver pools them."""
+    reader, writer = await connect(running)
+    writer.write(request_bytes(good_body()))
+    assert (await attacks.read_answer(reader))[0] == 200
+    return reader, writer
+
+
 async def raw_connect(running) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A TCP connection that never starts TLS."""
     return await asyncio.open_connection("127.0.0.1", running.port)
 
 
 async def eventually(check, timeout: float = 5.0) -> None:
+    """`devtools.waiting.until` for a coroutine: the server runs on this test's own loop, which `until`'s
+    time.sleep would block, so the wait yields to it instead."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not check():
@@ -152,10 +163,7 @@ async def test_unfinished_handshakes_count_and_a_new_caller_is_still_served(serv
 async def test_at_the_cap_kept_alive_connections_make_room_last(serve_webhook):
     async with serve_webhook(limits=Limits(max_connections=2)) as running:
         listener = running.server.listener
-        kept, kept_w = await connect(running)
-        kept_w.write(request_bytes(good_body()))
-        status, headers = await read_head(kept)  # answered, then kept alive: idle
-        await kept.readexactly(int(headers[b"content-length"]))
+        kept, kept_w = await kept_alive(running)  # idle
         unused, _ = await connect(running)  # TLS done, no request sent
         await eventually(lambda: listener.phases() == {**listener.phases(), "idle": 1, "new": 1})
         assert b"200 OK" in await roundtrip(running)
@@ -204,9 +212,7 @@ async def test_a_kept_alive_connection_whose_next_request_waits_unread_is_served
     # pooled connection but before the loop has read it; closing then loses a POST it does not retry.
     async with serve_webhook(limits=Limits(idle_timeout=5.0)) as running:
         listener = running.server.listener
-        kept, kept_w = await connect(running)
-        kept_w.write(request_bytes(good_body()))
-        assert (await attacks.read_answer(kept))[0] == 200
+        kept, kept_w = await kept_alive(running)
         await eventually(lambda: listener.phases()["idle"] == 1)
         kept_w.write(request_bytes(good_body()))  # in the server's socket at once (loopback), not yet read
         listener.close_expired(asyncio.get_running_loop().time() + 5.5)  # past the deadline, before the read
@@ -224,9 +230,7 @@ async def test_making_room_spares_a_long_kept_alive_connection_that_has_begun_a_
     # while a flood fills the listener, a newer connection that has sent nothing goes, not that one.
     async with serve_webhook(limits=Limits(max_connections=3)) as running:
         listener = running.server.listener
-        kept, kept_w = await connect(running)
-        kept_w.write(request_bytes(good_body()))
-        assert (await attacks.read_answer(kept))[0] == 200
+        kept, kept_w = await kept_alive(running)
         others = [await connect(running) for _ in range(2)]  # handshaken, never a request
         await eventually(lambda: listener.phases()["new"] == 2)
         whole = request_bytes(good_body())
@@ -381,17 +385,22 @@ async def test_thousands_of_pipelined_requests_on_one_connection_are_all_answere
         assert running.server.listener.cut_off == 0
 
 
-async def test_the_heap_is_given_back_once_a_burst_of_connections_is_gone(serve_webhook, monkeypatch):
-    """A handshake flood leaves its TLS state's memory in glibc's arenas; the listener trims after it."""
-    from hami_mt_webhook.service import listener as listener_module
-
+def counted_trims(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The listener's heap trims, counted (one entry each) instead of done; each one "trimmed"."""
     trims: list[int] = []
-    monkeypatch.setattr(listener_module, "TRIM_AFTER", 20)
-    def trim_heap() -> bool:  # counted, and "trimmed"
+
+    def trim_heap() -> bool:
         trims.append(1)
         return True
 
     monkeypatch.setattr(listener_module, "trim_heap", trim_heap)
+    return trims
+
+
+async def test_the_heap_is_given_back_once_a_burst_of_connections_is_gone(serve_webhook, monkeypatch):
+    """A handshake flood leaves its TLS state's memory in glibc's arenas; the listener trims after it."""
+    monkeypatch.setattr(listener_module, "TRIM_AFTER", 20)
+    trims = counted_trims(monkeypatch)
     async with serve_webhook() as running:
         listener = running.server.listener
         burst = [await raw_connect(running) for _ in range(24)]
@@ -462,15 +471,8 @@ async def test_the_listeners_limits_hold_however_the_bytes_arrive(serve_webhook,
 async def test_the_heap_is_given_back_once_large_bodies_stop_coming(serve_webhook, monkeypatch):
     """Large reviews leave their bytes and parsed objects in the allocators' arenas; the listener trims
     `TRIM_QUIET` after the last one, once, and not while they keep coming."""
-    from hami_mt_webhook.service import listener as listener_module
-
-    trims: list[int] = []
     monkeypatch.setattr(listener_module, "TRIM_QUIET", 0.8)
-    def trim_heap() -> bool:  # counted, and "trimmed"
-        trims.append(1)
-        return True
-
-    monkeypatch.setattr(listener_module, "trim_heap", trim_heap)
+    trims = counted_trims(monkeypatch)
     async with serve_webhook(limits=Limits(big_body=1024)) as running:
         loop = asyncio.get_running_loop()
         until = loop.time() + 2.0

@@ -20,6 +20,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.record import RECORD, record
 from hami_mt_webhook.service import certs
+
+# Much the list tests/admission/test_enforcement.py imports, deliberately: each module names the builders it uses.
 from tests.builders import (
     CORE,
     MEMORY,
