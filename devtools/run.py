@@ -25,7 +25,7 @@ from devtools.clusters.helm_release import (
     REPLICAS,
     apply_nodes,
     example_nodes,
-    install_chart_on_node,
+    install,
 )
 from devtools.clusters.local import LocalWebhook
 from devtools.clusters.nodes import NodeCluster
@@ -156,7 +156,7 @@ def try_on_node(workdir: Path | None = None, say: Console | None = None, nodes: 
         say(f"starting {what}: etcd, kube-apiserver and the controllers in a network namespace of their own, "
             f"containerd and kubelet in one per node, the image imported (the first run builds them) ...")
         cluster.start()
-        installed = install_chart_on_node(cluster)
+        installed = install(cluster)
         say(_node_banner(cluster, installed))
         while not (down := _node_down(cluster)):
             time.sleep(0.5)

@@ -156,7 +156,7 @@ def cluster_with_chart(version: str | None = None, nodes: int = 1,
     try:
         cluster.start()
         install(cluster, values=cert_manager)
-        helm_release.install_chart_on_node(cluster, values=["certManager.enabled=true"])
+        helm_release.install(cluster, values=["certManager.enabled=true"])
         yield cluster
     finally:
         cluster.stop()

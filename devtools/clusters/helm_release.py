@@ -98,14 +98,14 @@ def scrape(cluster: NodeCluster, pod: dict[str, Any]) -> str:
                            "/proxy/metrics", check=False).stdout
 
 
-def ready_replicas(node: NodeCluster) -> int:
-    out = node.kubectl("get", "deployment", RELEASE, "-n", NAMESPACE, "-o",
-                       "jsonpath={.status.readyReplicas}", check=False).stdout.strip()
+def ready_replicas(cluster: NodeCluster) -> int:
+    out = cluster.kubectl("get", "deployment", RELEASE, "-n", NAMESPACE, "-o",
+                          "jsonpath={.status.readyReplicas}", check=False).stdout.strip()
     return int(out or 0)
 
 
-def install_chart_on_node(node: NodeCluster, timeout: float = 180.0, values: Sequence[str] = (),
-                          chart: Sequence[str] | None = None) -> float:
+def install(cluster: NodeCluster, timeout: float = 180.0, values: Sequence[str] = (),
+            chart: Sequence[str] | None = None) -> float:
     """The chart installed on real nodes as the README's Install section says, with its defaults (and
     `values`, `key=value` for `--set`): the namespace made and labelled, the tainted example nodes,
     `helm install`, and the wait for its replicas Ready through their probes. One home for the node tier,
@@ -113,21 +113,21 @@ def install_chart_on_node(node: NodeCluster, timeout: float = 180.0, values: Seq
 
     `chart` is what `helm install` takes after the release name (e.g. `oci://…`, `--version`, `--plain-http`);
     by default this tree's chart with the image built here."""
-    node.kubectl("create", "namespace", NAMESPACE)
-    node.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
-                 "pod-security.kubernetes.io/enforce=restricted")
-    apply_nodes(node.controlplane, tainted_example_nodes())
+    cluster.kubectl("create", "namespace", NAMESPACE)
+    cluster.kubectl("label", "namespace", NAMESPACE, "hami.io/webhook=ignore",
+                    "pod-security.kubernetes.io/enforce=restricted")
+    apply_nodes(cluster.controlplane, tainted_example_nodes())
     started = time.monotonic()
     source = chart if chart is not None else [str(CHART), "--set", f"image.repository={NODE_IMAGE_REPOSITORY}"]
-    helm(node.controlplane, "install", RELEASE, *source, "-n", NAMESPACE,
+    helm(cluster.controlplane, "install", RELEASE, *source, "-n", NAMESPACE,
          *(a for v in values for a in ("--set", v)))
 
     def not_ready(_: str) -> NotWithin:
-        pods = node.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
-        events = node.kubectl("get", "events", "-n", NAMESPACE).stdout[-4000:]
+        pods = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide").stdout
+        events = cluster.kubectl("get", "events", "-n", NAMESPACE).stdout[-4000:]
         return NotWithin(f"{REPLICAS} replicas not Ready {timeout:.0f} s after helm install:\n{pods}\n{events}")
 
     # the deadline counts from `helm install`, as the figure returned does
-    until(f"{REPLICAS} replicas Ready", lambda: ready_replicas(node) == REPLICAS, started + timeout - time.monotonic(),
-          0.25, fail=not_ready)
+    until(f"{REPLICAS} replicas Ready", lambda: ready_replicas(cluster) == REPLICAS,
+          started + timeout - time.monotonic(), 0.25, fail=not_ready)
     return time.monotonic() - started

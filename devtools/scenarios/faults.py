@@ -368,7 +368,7 @@ def cluster_with_chart(version: str | None, values: tuple[str, ...] = ()) -> Ite
     cluster = NodeCluster(3, version=version, labels=[{}, {}, {"mthreads.com/gpu-node": "true"}])
     try:
         cluster.start()
-        helm_release.install_chart_on_node(cluster, values=values)
+        helm_release.install(cluster, values=values)
         yield cluster
     finally:
         cluster.stop()

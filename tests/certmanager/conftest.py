@@ -58,7 +58,7 @@ def moved(cluster: NodeCluster) -> renewals.Counted:
     """The chart installed with its own CA (certManager.enabled=false), then moved to cert-manager on the live
     release as docs/upgrading.md, "to cert-manager" says, under slice-pod traffic: what happened to each pod."""
     try:
-        seconds = helm_release.install_chart_on_node(cluster)
+        seconds = helm_release.install(cluster)
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)
     MEASURED.append(f"helm install with the chart's own CA to 3 replicas Ready: {seconds:.1f} s")

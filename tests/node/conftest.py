@@ -33,7 +33,7 @@ NAMESPACE = helm_release.NAMESPACE
 RATE = 20  # slice pods created per second under every change of the chart's Deployment
 #: Long enough for a rollout of 3 replicas (each with its 5 s preStop) and failover's settling after it.
 UPGRADE_SECONDS = 60
-#: The values the install and every upgrade give (`install_chart_on_node`'s own: the image built here).
+#: The values the install and every upgrade give (`helm_release.install`'s own: the image built here).
 USER_VALUES = ("--set", f"image.repository={helm_release.NODE_IMAGE_REPOSITORY}")
 
 
@@ -89,7 +89,7 @@ def upgrades_run(node: NodeCluster) -> bool:
 @pytest.fixture(scope="session")
 def chart(node: NodeCluster, lt: LoopThread) -> Iterator[NodeCluster]:
     """The previous release's chart and image (`devtools.release.previous`) installed as the README's Install section
-    says (`devtools.clusters.helm_release.install_chart_on_node`, what `make run NODE=1` runs too), then `helm
+    says (`devtools.clusters.helm_release.install`, what `make run NODE=1` runs too), then `helm
     upgrade` to this tree's chart with the values it was installed with while RATE slice pods a second are created:
     the upgraded release is what every module of the tier works on, 3 replicas Ready through their probes. The
     upgrade's outcome is recorded in UPGRADES, not judged here, so one refused pod fails one test. On the floor
@@ -97,7 +97,7 @@ def chart(node: NodeCluster, lt: LoopThread) -> Iterator[NodeCluster]:
     rel = previous.RELEASE
     upgrading = upgrades_run(node)
     try:
-        seconds = helm_release.install_chart_on_node(node, chart=[str(rel.chart), *USER_VALUES, "--set",
+        seconds = helm_release.install(node, chart=[str(rel.chart), *USER_VALUES, "--set",
                                                            f"image.tag={rel.tag}"] if upgrading else None)
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)

@@ -109,7 +109,7 @@ def installed(published: Published) -> Published:
     """The chart from the registry, with nothing set but where the nodes reach the registry."""
     chart = [f"oci://{published.made['chart']}", "--version", published.version, "--plain-http"]
     try:
-        seconds = helm_release.install_chart_on_node(published.cluster, chart=chart,
+        seconds = helm_release.install(published.cluster, chart=chart,
                                               values=[f"image.registry={published.registry.address}"])
     except RuntimeError as e:
         pytest.fail(str(e), pytrace=False)

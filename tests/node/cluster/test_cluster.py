@@ -35,7 +35,7 @@ def cluster() -> Iterator[NodeCluster]:
             c.start()
             MEASURED.append(f"3 nodes Ready {c.startup_seconds:.1f} s after the start (control plane and image "
                             f"imports included), {c.kubelet_ready_seconds:.1f} s after the kubelets started")
-            seconds = helm_release.install_chart_on_node(c)
+            seconds = helm_release.install(c)
         except (ControlPlaneError, RuntimeError) as e:
             pytest.fail(f"the cluster did not start:\n{e}", pytrace=False)
         MEASURED.append(f"3 nodes: helm install to 3 replicas Ready: {seconds:.1f} s")
