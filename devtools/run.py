@@ -298,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                              "[~/.cache/hami-mt-webhook/run]")
     parser.add_argument("--restart-delay", type=float, default=RESTART_DELAY,
                         help=f"seconds between the webhook's exit and its restart [{RESTART_DELAY:g}]")
+    # Alike in shape only with the bench's and the CLI's flags (argparse's form): other options, nothing to share.
     parser.add_argument("--install", choices=["kustomize", "helm"], default="kustomize",
                         help="how the webhook's objects are installed: the kustomize manifests, or the Helm "
                              "chart [kustomize]")

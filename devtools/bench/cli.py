@@ -92,6 +92,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--hops-rounds", type=int, default=4, help="part hops: rounds, --pods split over them [4]")
     p.add_argument("--soak-minutes", type=int, default=10, help="part soak: minutes of load [10]")
     p.add_argument("--soak-connections", type=int, default=16, help="part soak: wrk connections [16]")
+    # Alike in shape only with run.py's and the CLI's flags (argparse's form): other options, nothing to share.
     p.add_argument("--before", metavar="REV",
                    help="parts http and hostile: also serve the webhook of this git revision (a worktree), "
                         "before beside after")

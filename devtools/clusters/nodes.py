@@ -146,6 +146,7 @@ class NodeCluster:
 
     @property
     def controlplane(self) -> ControlPlane:
+        # the "not started" guard ControlPlane.workdir has too, each with its own error type
         if self.cp is None:
             raise NodeError("the cluster has not been started")
         return self.cp
