@@ -175,23 +175,35 @@ lock:  ## regenerate requirements/image.lock after a change of pyproject.toml's 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.builds.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
-# What only the later tiers need (the oldest Kubernetes, cert-manager, the release's tools) is built while the
-# unit and e2e tiers run, at the lowest CPU priority: on a warm machine a no-op, on a cold one the builds use
-# what those tiers leave idle. Its output is shown if it fails.
-LATER_TOOLS := controlplane-floor release-test-tools release-tools cert-manager
+# What only the later tiers need (cert-manager, the release's tools) is built while the unit and e2e tiers run,
+# at the lowest CPU priority: on a warm machine a no-op, on a cold one the builds use what those tiers leave
+# idle. Its output is shown if it fails. The oldest Kubernetes is built the same way, and the floor's e2e tier
+# then runs beside the unit and newest e2e tiers (a control plane and a webhook of its own, on ports the
+# kernel picks): each waits mostly on its API server, so on 2 cores they take little longer together than the
+# longer one alone. Its output follows theirs. The release tier runs beside the cert-manager tier likewise
+# (each its own node cluster, in namespaces of its own): the one mostly waits for kubelet's sync of a
+# Secret, the other mostly builds, at the lowest priority so the first's traffic keeps its core.
+LATER_TOOLS := release-test-tools release-tools cert-manager
+FLOOR_E2E := HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
 test: lint controlplane prometheus node-tools netpol-tools kube-network-policies  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers on the newest
 	$(MAKE) --no-print-directory image previous IMAGE_BASES=standin
-	@log=$$(mktemp) && { nice -n 19 $(MAKE) --no-print-directory $(LATER_TOOLS) >"$$log" 2>&1 & bg=$$!; } && \
-	  echo "building $(LATER_TOOLS) meanwhile (nice 19)" && \
-	  echo "$(PY) -m pytest -q" && { $(PY) -m pytest -q; rc=$$?; } && \
-	  if wait $$bg; then rm -f "$$log"; else cat "$$log" >&2; rm -f "$$log"; \
-	    echo "make $(LATER_TOOLS) failed (above)" >&2; exit 1; fi && exit $$rc
-	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
+	@later=$$(mktemp) && floor=$$(mktemp) && \
+	  { nice -n 19 $(MAKE) --no-print-directory $(LATER_TOOLS) >"$$later" 2>&1 & bg=$$!; } && \
+	  { { nice -n 19 $(MAKE) --no-print-directory controlplane-floor && $(FLOOR_E2E); } >"$$floor" 2>&1 & fl=$$!; } && \
+	  echo "building $(LATER_TOOLS) meanwhile (nice 19); the floor's e2e tier beside (its output follows)" && \
+	  echo "$(PY) -m pytest -q" && { $(PY) -m pytest -q; rc=$$?; }; \
+	  wait $$fl; floor_rc=$$?; echo '$(FLOOR_E2E)'; cat "$$floor"; rm -f "$$floor"; \
+	  if wait $$bg; then rm -f "$$later"; else cat "$$later" >&2; rm -f "$$later"; \
+	    echo "make $(LATER_TOOLS) failed (above)" >&2; exit 1; fi; \
+	  [ $$rc = 0 ] && [ $$floor_rc = 0 ]
 	$(PY) -m pytest -q -m node
 	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m node
 	$(PY) -m pytest -q -m faults
-	$(PY) -m pytest -q -m certmanager
-	$(PY) -m pytest -q -m release
+	@release=$$(mktemp) && { nice -n 19 $(PY) -m pytest -q -m release >"$$release" 2>&1 & bg=$$!; } && \
+	  echo "$(PY) -m pytest -q -m certmanager (the release tier beside, nice 19: its output follows)" && \
+	  { $(PY) -m pytest -q -m certmanager; rc=$$?; }; \
+	  wait $$bg; release_rc=$$?; echo "$(PY) -m pytest -q -m release"; cat "$$release"; rm -f "$$release"; \
+	  [ $$rc = 0 ] && [ $$release_rc = 0 ]
 
 # The release (devtools/release/__init__.py, README "Releases"): the image for linux/amd64 and linux/arm64 under one
 # index, the chart as an OCI artifact pinned to it by digest, cosign signatures and SBOM attestations made
