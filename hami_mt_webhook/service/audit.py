@@ -22,7 +22,7 @@ import datetime as dt
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -329,13 +329,9 @@ class Auditor:
         """A pass, with the Lease renewed beside it; a pass that loses the Lease writes nothing."""
         with _rare_full_collections():
             work = asyncio.ensure_future(self.audit_pass(api))
-            while not work.done():
-                await asyncio.wait([work], timeout=renew)
-                if not work.done() and not await self.lease.hold(api):
-                    work.cancel()
-                    logger.info("audit: the Lease was lost during a pass; another replica audits now")
-                    self._lost()
-                    await asyncio.wait([work])
+            if not await _renewing(work, lambda: self.lease.hold(api), renew, self.lease.seconds):
+                logger.info("audit: the Lease was lost during a pass; another replica audits now")
+                self._lost()
         if not work.cancelled():
             work.result()
 
@@ -465,6 +461,38 @@ def _event(result: Result, me: str) -> Obj:
             "source": {"component": "hami-mt-webhook"}, "reportingComponent": "hami-mt-webhook",
             "reportingInstance": me, "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z",
             "count": 1}
+
+
+async def _renewing(work: asyncio.Future[Any], hold: Callable[[], Awaitable[bool]], renew: float,
+                    seconds: float) -> bool:
+    """`hold` the Lease every `renew` seconds until `work` is done: False, `work` cancelled, once it is lost.
+
+    A renewal the API server fails is tried again at the next, as long as the last one is younger than the
+    Lease's `seconds` less a renewal; past that another replica may take over before `work` would write, so
+    `work` is cancelled and the error raised. Whatever ends this (a cancellation too) leaves `work` ended."""
+    renewed = time.monotonic()
+    try:
+        while not work.done():
+            await asyncio.wait([work], timeout=renew)
+            if work.done():
+                break
+            asked = time.monotonic()
+            try:
+                held = await hold()
+            except (ApiError, aiohttp.ClientError, TimeoutError) as err:
+                if asked - renewed + renew < seconds:
+                    logger.warning("audit: the Lease not renewed: %s; tried again in %.0f s", clip(str(err), 300),
+                                   renew)
+                    continue
+                raise
+            if not held:
+                return False
+            renewed = asked
+        return True
+    finally:
+        if not work.done():
+            work.cancel()
+        await asyncio.wait([work])
 
 
 async def _judge(items: Sequence[T], judge: Callable[[T], list[Result]]) -> list[Result]:

@@ -4,7 +4,9 @@ tests/e2e/test_audit.py (which cannot make kube-apiserver answer 429 on cue: a l
 
 from __future__ import annotations
 
+import asyncio
 import gc
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
@@ -20,6 +22,7 @@ from hami_mt_webhook.service.audit import (
     EventLimit,
     _event,
     _rare_full_collections,
+    _renewing,
     _resource,
     _retry_after,
 )
@@ -144,3 +147,60 @@ async def test_a_429_without_retry_after_or_past_the_retries_is_an_error() -> No
             assert seen == ["PUT"] * 3
     finally:
         await runner.cleanup()
+
+
+#: Renewals every 50 ms of a Lease of 150 ms: one failed renewal is tried again, a second in a row is too late.
+RENEW, LEASE = 0.05, 0.15
+
+
+def renewals(*answers: bool | Exception) -> tuple[list[bool | Exception], Callable[[], Awaitable[bool]]]:
+    """A Lease's renewals answering `answers` in turn (an error raised, or whether it is still held), then held."""
+    asked: list[bool | Exception] = []
+
+    async def hold() -> bool:
+        answer = answers[len(asked)] if len(asked) < len(answers) else True
+        asked.append(answer)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+    return asked, hold
+
+
+async def test_a_pass_renewed_beside_ends_as_it_ends() -> None:
+    asked, hold = renewals()
+    work = asyncio.ensure_future(asyncio.sleep(0.3, "published"))
+    assert await _renewing(work, hold, RENEW, LEASE) is True
+    assert work.result() == "published" and len(asked) >= 3
+
+
+async def test_a_lost_lease_cancels_the_pass() -> None:
+    asked, hold = renewals(True, False)
+    work = asyncio.ensure_future(asyncio.sleep(5))
+    assert await _renewing(work, hold, RENEW, LEASE) is False
+    assert work.cancelled() and asked == [True, False]
+
+
+async def test_one_failed_renewal_is_tried_again_and_the_pass_goes_on() -> None:
+    asked, hold = renewals(aiohttp.ClientConnectionError("reset"), True, TimeoutError(), True)
+    work = asyncio.ensure_future(asyncio.sleep(0.4, "published"))
+    assert await _renewing(work, hold, RENEW, LEASE) is True
+    assert work.result() == "published" and len(asked) >= 4
+
+
+async def test_renewals_failing_until_another_replica_may_take_over_stop_the_pass_before_it_writes() -> None:
+    asked, hold = renewals(TimeoutError(), ApiError("GET /lease: 500 etcd leader changed", 500))
+    work = asyncio.ensure_future(asyncio.sleep(5))
+    with pytest.raises(ApiError):
+        await _renewing(work, hold, RENEW, LEASE)
+    assert work.cancelled() and len(asked) == 2
+
+
+async def test_a_cancelled_auditor_leaves_no_pass_running() -> None:
+    asked, hold = renewals()
+    work = asyncio.ensure_future(asyncio.sleep(5))
+    renewing = asyncio.ensure_future(_renewing(work, hold, RENEW, LEASE))
+    await asyncio.sleep(0.12)
+    renewing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await renewing
+    assert work.cancelled()
