@@ -43,8 +43,7 @@ from typing import Any
 
 from devtools import pki
 from devtools.builds import image
-from devtools.clusters import node
-from devtools.clusters.node import Host
+from devtools.clusters.host import APISERVER_PORT, FABRIC_IP, Host
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 from devtools.procs import spawn, tail, terminate
@@ -131,7 +130,7 @@ class Enforcer:
         self.cluster.kubectl("apply", "-f", "-", input=RBAC)
         assert cp._ca is not None
         kubeconfig = pki.user_kubeconfig(self.cluster.workdir, cp._ca,
-                                         f"https://{pki.SERVICE_IP}:{node.APISERVER_PORT}", USER)
+                                         f"https://{pki.SERVICE_IP}:{APISERVER_PORT}", USER)
         self._cmd = [str(binary()), f"--kubeconfig={kubeconfig}", f"--nfqueue-id={self.queue}",
                      "--metrics-bind-address=127.0.0.1:9080", "--v=2",
                      *(["--fail-open"] if self.fail_open else [])]
@@ -211,8 +210,8 @@ def _allow(name: str, peer: dict[str, Any]) -> str:
 POLICY_ALLOW = _allow("allow-client", {
     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "np-client"}},
     "podSelector": {"matchLabels": {"app": "client"}}})
-POLICY_FABRIC = _allow("allow-fabric", {"ipBlock": {"cidr": f"{node.FABRIC_IP}/32"}})
-#: One connection from the fabric, where kube-apiserver runs (its calls to pods come from node.FABRIC_IP).
+POLICY_FABRIC = _allow("allow-fabric", {"ipBlock": {"cidr": f"{FABRIC_IP}/32"}})
+#: One connection from the fabric, where kube-apiserver runs (its calls to pods come from FABRIC_IP).
 FABRIC_DIAL = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], 8080), timeout=0.8).recv(3)\n"
                "    print('ok')\nexcept OSError as e:\n    print('fail', e)\n")
 
@@ -301,7 +300,7 @@ def proof(window: float = 8.0) -> int:
                       flush=True)
             # What kube-apiserver's calls to a webhook's pods go through: from the fabric, routed by the nodes.
             for phase, apply, want in (("fabric, before an ipBlock for it", None, "fail"),
-                                       (f"fabric, ipBlock {node.FABRIC_IP}/32", POLICY_FABRIC, "ok")):
+                                       (f"fabric, ipBlock {FABRIC_IP}/32", POLICY_FABRIC, "ok")):
                 if apply:
                     k("apply", "-f", "-", input=apply)
                     time.sleep(2)

@@ -7,7 +7,7 @@ Every address lives only in namespaces made here, none linked to the machine's n
   kube-proxy, this is how pods reach the API server at the address kubelet gives them, as kube-proxy's
   IPVS mode binds cluster IPs to a local interface) and the control plane's own address 10.244.0.1, the
   one kube-apiserver advertises; it listens on port 443 of every address.
-- node N (`devtools.clusters.node.Host`, hmw-node-N in zone-a, zone-b, ...): a namespace of its own with its
+- node N (`devtools.clusters.host.Host`, hmw-node-N in zone-a, zone-b, ...): a namespace of its own with its
   bridge hmw0 (10.244.N.1/24, its pods), containerd, kubelet and cgroup root, linked to the fabric by
   a veth pair (hmwnN in the fabric, hmwf0 on the node) that carries no address. The fabric routes
   10.244.N.0/24 to the node; the node routes the cluster IPs and 10.244.0.0/16 (the fabric and the
@@ -32,7 +32,7 @@ signalled: those in a node's network namespace or cgroups, found by PID, never b
 `stop()` leaves nothing, even after a kill and a revive: the pods of live nodes deleted, each node's
 processes stopped by PID, the control plane, the namespaces' holders last (their mounts, bridges and
 links go with them), the cgroups and the work dir removed. `leftovers()` says what is left; a killed
-test process leaves nothing either (each holder's `node.reaper`).
+test process leaves nothing either (each holder's `host.reaper`).
 
     python -m devtools.clusters.nodes up [--nodes N]    start them, print the kubeconfig, stop everything on Ctrl-C
 """
@@ -59,10 +59,31 @@ from typing import Any
 from devtools import pki
 from devtools.builds import image
 from devtools.builds.binaries import ControlPlaneError, binaries
-from devtools.clusters import node
 from devtools.clusters.controlplane import ControlPlane
+from devtools.clusters.host import (
+    APISERVER_PORT,
+    BRIDGE,
+    CNI_BIN,
+    CONTAINERD,
+    CTR,
+    FABRIC_IP,
+    RUNC,
+    Host,
+    NodeError,
+    cgroup_pids,
+    hierarchies,
+    image_archive,
+    leftovers,
+    make_cgroups,
+    node_name,
+    own_memory_cgroup,
+    pause_image,
+    process_state,
+    reaper,
+    remove_cgroups,
+    signal_all,
+)
 from devtools.clusters.netns import Namespace
-from devtools.clusters.node import Host, NodeError
 from devtools.paths import REPO_ROOT
 from devtools.procs import die_with_parent, tail
 from devtools.waiting import until
@@ -197,27 +218,27 @@ class NodeCluster:
         bin_dir = binaries(self.version)
         if not os.access(bin_dir / "kubelet", os.X_OK):
             raise NodeError(f"{bin_dir} has no kubelet: run scripts/build-controlplane.sh")
-        for tool in (node.CONTAINERD, node.CTR, node.RUNC, f"{node.CNI_BIN}/bridge"):
+        for tool in (CONTAINERD, CTR, RUNC, f"{CNI_BIN}/bridge"):
             if not os.access(tool, os.X_OK):
                 raise NodeError(f"{tool} is missing: `make node-tools` installs containerd, runc and "
                                 "containernetworking-plugins")
-        pause = self.pause = node.pause_image()
-        archives = [node.image_archive(name) for name in [pause, *self.images]]
+        pause = self.pause = pause_image()
+        archives = [image_archive(name) for name in [pause, *self.images]]
         started = time.monotonic()
         if self._parent_dir is not None:
             self._parent_dir.mkdir(parents=True, exist_ok=True)
         self.workdir = Path(tempfile.mkdtemp(prefix="hami-mt-node-", dir=self._parent_dir))
         try:
-            self.cgroup_root = f"{node.own_memory_cgroup().rstrip('/')}/{self.workdir.name}"
+            self.cgroup_root = f"{own_memory_cgroup().rstrip('/')}/{self.workdir.name}"
             holders = self.workdir / "holders"
             self.fabric = Namespace(self.workdir, setup=[
-                f"ip addr add {pki.SERVICE_IP}/32 dev lo", f"ip addr add {node.FABRIC_IP}/32 dev lo",
+                f"ip addr add {pki.SERVICE_IP}/32 dev lo", f"ip addr add {FABRIC_IP}/32 dev lo",
                 "echo 1 > /proc/sys/net/ipv4/ip_forward"],
-                on_exit=node.reaper(self.workdir, self.cgroup_root, after=holders)).start()
+                on_exit=reaper(self.workdir, self.cgroup_root, after=holders)).start()
             self.fabric_inode = self.fabric.inode()
             for i in range(1, self.size + 1):
                 labels = self.extra_labels[i - 1] if i <= len(self.extra_labels) else {}
-                host = Host(i, self.workdir / f"node{i}", f"{self.cgroup_root}/{node.node_name(i)}", labels)
+                host = Host(i, self.workdir / f"node{i}", f"{self.cgroup_root}/{node_name(i)}", labels)
                 self.hosts.append(host)
                 host.make_namespace()
                 holders.write_text(" ".join(str(h.ns.pid) for h in self.hosts if h.ns is not None))
@@ -225,10 +246,10 @@ class NodeCluster:
                 host.uplink_up()
             self.cp = ControlPlane(bin_dir=bin_dir, workdir=self.workdir, controllers=True,
                                    command_prefix=self.fabric.prefix, reach=self.fabric.forward,
-                                   apiserver_port=node.APISERVER_PORT, node_ip=node.FABRIC_IP,
+                                   apiserver_port=APISERVER_PORT, node_ip=FABRIC_IP,
                                    ready_timeout=self.ready_timeout)
             self.cp.start()
-            self._cgroups_made = node.make_cgroups(self.cgroup_root)
+            self._cgroups_made = make_cgroups(self.cgroup_root)
             for host in self.hosts:
                 host.make_cgroups()
                 host.start_containerd(pause)
@@ -297,7 +318,7 @@ class NodeCluster:
         read from its memory cgroup: kubelet's own summary has no figures for pods under a nested cgroup
         root on cgroup v1."""
         pods = json.loads(self.kubectl("get", "pods", "-n", namespace, "-o", "json").stdout)["items"]
-        memory = next(h for h in node.hierarchies() if (h / "memory.usage_in_bytes").exists())
+        memory = next(h for h in hierarchies() if (h / "memory.usage_in_bytes").exists())
         root = memory / self.cgroup_root.lstrip("/")
         out = {}
         for pod in pods:
@@ -358,14 +379,14 @@ class NodeCluster:
 
     def container_processes(self, namespace: str, name: str, container: str | None = None) -> set[int]:
         """The PIDs of the container's processes, read from its cgroup."""
-        return node.cgroup_pids([self.container_cgroup(namespace, name, container)[1]])
+        return cgroup_pids([self.container_cgroup(namespace, name, container)[1]])
 
     def freeze_pod(self, namespace: str, name: str, container: str | None = None) -> set[int]:
         """SIGSTOP to every process of the container, returning once all are stopped (a signal is delivered
         when the process is next scheduled): it stays, holds its sockets and answers nothing (the kernel still
         completes TCP handshakes into its listen backlog); its probes time out. Returns the PIDs."""
         pids = self.container_processes(namespace, name, container)
-        node.signal_all(pids, signal.SIGSTOP)
+        signal_all(pids, signal.SIGSTOP)
         _until_state(pids, lambda state: state in "TZ")
         return pids
 
@@ -373,14 +394,14 @@ class NodeCluster:
         """SIGCONT to every process of the container, returning once none is stopped: it goes on where it
         stopped."""
         pids = self.container_processes(namespace, name, container)
-        node.signal_all(pids, signal.SIGCONT)
+        signal_all(pids, signal.SIGCONT)
         _until_state(pids, lambda state: state != "T")
 
     def kill_pod(self, namespace: str, name: str, container: str | None = None) -> None:
         """SIGKILL to every process of the container, as a crash: the kernel closes its sockets (peers get RST
         on their next segment), containerd's shim reports the exit, kubelet restarts the container (exit
         code 137, reason Error)."""
-        node.signal_all(self.container_processes(namespace, name, container), signal.SIGKILL)
+        signal_all(self.container_processes(namespace, name, container), signal.SIGKILL)
 
     def cut_pod(self, namespace: str, name: str, seconds: float | None = None) -> None:
         """The pod's network cut silently, both ways; restored after `seconds` (blocking), or by `restore_pod`.
@@ -396,13 +417,13 @@ class NodeCluster:
         fails: a cut seen from the same node is not silent."""
         pod = self.pod(namespace, name)
         host, cgroup, netns, mac, veth = self._veth(namespace, name)
-        bridge = re.search(r"link/ether (\S+)", host.inside("ip", "-o", "link", "show", node.BRIDGE).stdout)
+        bridge = re.search(r"link/ether (\S+)", host.inside("ip", "-o", "link", "show", BRIDGE).stdout)
         if bridge is None:
-            raise NodeError(f"node {host.name}: no bridge {node.BRIDGE}")
+            raise NodeError(f"node {host.name}: no bridge {BRIDGE}")
         ip = pod["status"]["podIP"]
         subprocess.run(["nsenter", f"--net={netns}", "ip", "neigh", "replace", host.ip, "lladdr", bridge[1], "dev",
                         "eth0", "nud", "permanent"], check=True, timeout=30)
-        host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {mac} dev {node.BRIDGE} nud permanent\n"
+        host.inside("sh", "-ec", f"ip neigh replace {ip} lladdr {mac} dev {BRIDGE} nud permanent\n"
                                  f"ip link set {veth} down")
         self._cuts[(namespace, name)] = (host, veth, ip, cgroup.parent)
         if seconds is not None:
@@ -413,7 +434,7 @@ class NodeCluster:
         """A running pod's node, its container's cgroup, its network namespace's file, its eth0's MAC and the
         name of the node's end of its veth."""
         host, cgroup = self.container_cgroup(namespace, name)
-        netns = f"/proc/{min(node.cgroup_pids([cgroup]))}/ns/net"
+        netns = f"/proc/{min(cgroup_pids([cgroup]))}/ns/net"
         link = subprocess.run(["nsenter", f"--net={netns}", "ip", "-o", "link", "show", "eth0"], capture_output=True,
                               text=True, check=True, timeout=30).stdout
         found = re.search(r"eth0@if(\d+):.*link/ether (\S+)", link)
@@ -482,8 +503,8 @@ class NodeCluster:
         """The cut pod's veth up again, and the neighbour entries on both sides learnt again (from any process
         of the pod, its sandbox's if its container was restarted meanwhile)."""
         host, veth, ip, pod_cgroup = self._cuts.pop((namespace, name))
-        host.inside("sh", "-ec", f"ip link set {veth} up\nip neigh del {ip} dev {node.BRIDGE} || true")
-        if pids := node.cgroup_pids([pod_cgroup]):
+        host.inside("sh", "-ec", f"ip link set {veth} up\nip neigh del {ip} dev {BRIDGE} || true")
+        if pids := cgroup_pids([pod_cgroup]):
             subprocess.run(["nsenter", f"--net=/proc/{min(pids)}/ns/net", "ip", "neigh", "del", host.ip, "dev", "eth0"],
                            capture_output=True, timeout=30)
 
@@ -503,7 +524,7 @@ class NodeCluster:
         with the pod's limit."""
         _host, cgroup = self.container_cgroup(namespace, name, container)
         before = self._terminations(namespace, name, container)
-        for pid in node.cgroup_pids([cgroup]):
+        for pid in cgroup_pids([cgroup]):
             Path(f"/proc/{pid}/oom_score_adj").write_text("1000")
         usage, limit = (int((cgroup / f).read_text()) for f in ("memory.usage_in_bytes", "memory.limit_in_bytes"))
         limit = min(limit, usage + OOM_HEADROOM)
@@ -554,19 +575,19 @@ class NodeCluster:
             self.cp.stop()
         if self.fabric is not None:
             self.fabric.stop()
-        dirs = [h / self.cgroup_root.lstrip("/") for h in node.hierarchies(unified=True)] if self.cgroup_root else []
-        node.remove_cgroups([*dirs, *self._cgroups_made])
+        dirs = [h / self.cgroup_root.lstrip("/") for h in hierarchies(unified=True)] if self.cgroup_root else []
+        remove_cgroups([*dirs, *self._cgroups_made])
         if self.workdir != Path():
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def leftovers(self) -> dict[str, list[str]]:
         """What of the cluster is still on the machine (nothing, after `stop()`)."""
-        return node.leftovers(self.workdir, self.cgroup_root, self.fabric_inode, *(h.netns_inode for h in self.hosts))
+        return leftovers(self.workdir, self.cgroup_root, self.fabric_inode, *(h.netns_inode for h in self.hosts))
 
 
 def _until_state(pids: set[int], ok: Callable[[str], bool], timeout: float = 10.0) -> None:
     """Until every process's state (/proc/PID/stat: R, S, T, Z, ...) is `ok`, or it is gone."""
-    until(f"processes {sorted(pids)} in the state asked for", lambda: all(ok(node.process_state(p)) for p in pids),
+    until(f"processes {sorted(pids)} in the state asked for", lambda: all(ok(process_state(p)) for p in pids),
           timeout, 0.01, fail=NodeError)
 
 

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from devtools.clusters import node
+from devtools.clusters.host import FABRIC_IP
 from devtools.clusters.netns import Namespace
 from devtools.procs import spawn, tail, terminate
 from devtools.waiting import until
@@ -49,7 +49,7 @@ class Registry:
         self.ns = ns
         self.workdir = workdir
         self.proc: subprocess.Popen[bytes] | None = None
-        self.address = f"{node.FABRIC_IP}:{PORT}"
+        self.address = f"{FABRIC_IP}:{PORT}"
         self.local = ""
 
     def start(self, timeout: float = 20.0) -> Registry:

@@ -28,8 +28,8 @@ import yaml
 from devtools.builds import image
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.helm_release import NAMESPACE, RELEASE, apply_nodes, example_nodes, helm
+from devtools.clusters.host import hierarchies, own_memory_cgroup, remove_cgroups
 from devtools.clusters.local import CHART, LocalWebhook
-from devtools.clusters.node import hierarchies, own_memory_cgroup, remove_cgroups
 
 from .support import CORE, MEMORY, VGPU, pod, until_seen
 

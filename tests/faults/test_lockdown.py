@@ -28,8 +28,8 @@ import yaml
 
 from devtools import paths
 from devtools.clusters import helm_release
+from devtools.clusters.host import FABRIC_IP
 from devtools.clusters.netpol import Enforcer
-from devtools.clusters.node import FABRIC_IP
 from devtools.clusters.nodes import NodeCluster
 from devtools.load import attacks
 from devtools.load.traffic import LoopThread, Outcome, creating

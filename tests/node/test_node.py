@@ -6,7 +6,7 @@ import json
 import subprocess
 
 from devtools import pki
-from devtools.clusters.node import BRIDGE, FABRIC_IP, UPLINK
+from devtools.clusters.host import BRIDGE, FABRIC_IP, UPLINK
 from devtools.clusters.nodes import NodeCluster
 
 from ..e2e.support import until_seen

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from devtools.clusters import helm_release
-from devtools.clusters.node import hierarchies, leftovers, own_memory_cgroup
+from devtools.clusters.host import hierarchies, leftovers, own_memory_cgroup
 from tests.e2e.support import found
 
 from ..e2e.support import processes_mentioning, until_seen

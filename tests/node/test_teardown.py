@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devtools.clusters.node import hierarchies, own_memory_cgroup
+from devtools.clusters.host import hierarchies, own_memory_cgroup
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 

@@ -18,7 +18,7 @@ import pytest
 
 from devtools.builds.binaries import ControlPlaneError
 from devtools.clusters import helm_release
-from devtools.clusters.node import ZONE_LABEL, process_state
+from devtools.clusters.host import ZONE_LABEL, process_state
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, creating
 from devtools.waiting import until
