@@ -8,11 +8,13 @@ import itertools
 import json
 import socket
 import ssl
+from collections.abc import Callable
 from typing import cast
 
 import pytest
 
 from devtools.load import attacks
+from devtools.waiting import until_async
 from hami_mt_webhook.service import listener as listener_module
 from hami_mt_webhook.service.http11 import MAX_HEAD, MAX_REQUEST_LINE
 from hami_mt_webhook.service.listener import Limits
@@ -123,14 +125,11 @@ async def raw_connect(running) -> tuple[asyncio.StreamReader, asyncio.StreamWrit
     return await asyncio.open_connection("127.0.0.1", running.port)
 
 
-async def eventually(check, timeout: float = 5.0) -> None:
-    """`devtools.waiting.until` for a coroutine: the server runs on this test's own loop, which `until`'s
-    time.sleep would block, so the wait yields to it instead."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, "the condition did not hold in time"
-        await asyncio.sleep(0.02)
+async def eventually(check: Callable[[], object], timeout: float = 5.0) -> None:
+    """`check()` true within `timeout`: `until_async`, since the server runs on this test's own loop."""
+    async def probe() -> bool:
+        return bool(check())
+    await until_async("the condition", probe, timeout, 0.02)
 
 
 async def test_unfinished_handshakes_count_and_a_new_caller_is_still_served(serve_webhook):

@@ -17,6 +17,7 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
+from devtools.waiting import until_async
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.record import RECORD, record
 from hami_mt_webhook.service import certs
@@ -477,14 +478,11 @@ async def test_rotation_is_picked_up_by_the_reload_interval(serve_webhook):
         ctx = client_context(running.ca_path)
         certs.rotate(running.layout.root, force=True)
         new_serial = serial_of(running.layout.tls_cert)
-        for _ in range(50):
+        async def serving_the_new() -> bool:
             conn = await Raw.open(running.port, ctx)
-            serial = conn.serial
             await conn.close()
-            if serial == new_serial:
-                break
-            await asyncio.sleep(0.1)
-        assert serial == new_serial
+            return bool(conn.serial == new_serial)
+        await until_async("the rotated certificate served", serving_the_new, 5.0, 0.1)
 
 
 async def test_broken_certificate_files_are_not_loaded(webhook_server):
