@@ -5,7 +5,7 @@ PYTHON ?= python3
 comma := ,
 
 .PHONY: help setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit check test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
-	image-tools node-tools controlplane controlplane-floor certs clean \
+	image-tools node-tools controlplane controlplane-floor certs clean clean-caches \
 	kube-network-policies netpol-tools netpol-proof
 
 # A bare `make` lists the targets (each line `target: ... ## what it does`) instead of building anything.
@@ -175,35 +175,11 @@ lock:  ## regenerate requirements/image.lock after a change of pyproject.toml's 
 image: image-tools  ## the container image from the Dockerfile, with podman (prints its name and tag)
 	$(PYTHON) -m devtools.builds.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
-# What only the later tiers need (cert-manager, the release's tools) is built while the unit and e2e tiers run,
-# at the lowest CPU priority: on a warm machine a no-op, on a cold one the builds use what those tiers leave
-# idle. Its output is shown if it fails. The oldest Kubernetes is built the same way, and the floor's e2e tier
-# then runs beside the unit and newest e2e tiers (a control plane and a webhook of its own, on ports the
-# kernel picks): each waits mostly on its API server, so on 2 cores they take little longer together than the
-# longer one alone. Its output follows theirs. The release tier runs beside the cert-manager tier likewise
-# (each its own node cluster, in namespaces of its own): the one mostly waits for kubelet's sync of a
-# Secret, the other mostly builds, at the lowest priority so the first's traffic keeps its core.
-LATER_TOOLS := release-test-tools release-tools cert-manager
-FLOOR_E2E := HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m e2e
-test: lint controlplane prometheus node-tools netpol-tools kube-network-policies  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers on the newest
-	$(MAKE) --no-print-directory image previous IMAGE_BASES=standin
-	@later=$$(mktemp) && floor=$$(mktemp) && \
-	  { nice -n 19 $(MAKE) --no-print-directory $(LATER_TOOLS) >"$$later" 2>&1 & bg=$$!; } && \
-	  { { nice -n 19 $(MAKE) --no-print-directory controlplane-floor && $(FLOOR_E2E); } >"$$floor" 2>&1 & fl=$$!; } && \
-	  echo "building $(LATER_TOOLS) meanwhile (nice 19); the floor's e2e tier beside (its output follows)" && \
-	  echo "$(PY) -m pytest -q" && { $(PY) -m pytest -q; rc=$$?; }; \
-	  wait $$fl; floor_rc=$$?; echo '$(FLOOR_E2E)'; cat "$$floor"; rm -f "$$floor"; \
-	  if wait $$bg; then rm -f "$$later"; else cat "$$later" >&2; rm -f "$$later"; \
-	    echo "make $(LATER_TOOLS) failed (above)" >&2; exit 1; fi; \
-	  [ $$rc = 0 ] && [ $$floor_rc = 0 ]
-	$(PY) -m pytest -q -m node
-	HAMI_MT_KUBE_VERSION=floor $(PY) -m pytest -q -m node
-	$(PY) -m pytest -q -m faults
-	@release=$$(mktemp) && { nice -n 19 $(PY) -m pytest -q -m release >"$$release" 2>&1 & bg=$$!; } && \
-	  echo "$(PY) -m pytest -q -m certmanager (the release tier beside, nice 19: its output follows)" && \
-	  { $(PY) -m pytest -q -m certmanager; rc=$$?; }; \
-	  wait $$bg; release_rc=$$?; echo "$(PY) -m pytest -q -m release"; cat "$$release"; rm -f "$$release"; \
-	  [ $$rc = 0 ] && [ $$release_rc = 0 ]
+# Every tier and every build they need, placed on the two cores by devtools/suite.py (its docstring has the
+# plan): the fault tier first with only the lowest-weight builds beside it, then the newest and the floor side
+# by side; at the end a timeline of each step's minutes. `make clean-caches` returns a machine to nothing.
+test: setup  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers; a timeline
+	$(PY) -m devtools.suite
 
 # The release (devtools/release/__init__.py, README "Releases"): the image for linux/amd64 and linux/arm64 under one
 # index, the chart as an OCI artifact pinned to it by digest, cosign signatures and SBOM attestations made
@@ -288,3 +264,20 @@ certs: setup  ## a CA, the serving certificate and webhook configurations with c
 
 clean:  ## remove the virtualenv and the tools' caches in the tree
 	rm -rf $(VENV) .pytest_cache .hypothesis .mypy_cache .import_linter_cache
+
+# A machine as `make test` finds it new: the Debian packages this Makefile installs (purged, with what they alone
+# pulled in), podman's images and containers, the builds' cache outside the tree, Go's build and module caches
+# and pip's cache. Root, as the installs are; the next `make test` builds and installs everything again.
+MADE_PACKAGES := prometheus podman runc mmdebstrap containerd containernetworking-plugins nftables skopeo \
+	docker-registry qemu-user-static wrk
+BUILD_CACHE := $(or $(HAMI_MT_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/hami-mt-webhook)
+clean-caches:  ## back to nothing: the Debian packages installed here, podman's storage, every build and download cache
+	@[ "$$(id -u)" = 0 ] || { echo "make clean-caches purges Debian packages: run it as root" >&2; exit 1; }
+	-command -v podman >/dev/null 2>&1 && podman system reset --force
+	rm -rf '$(BUILD_CACHE)' "$$($(PYTHON) -m pip cache dir 2>/dev/null || echo $$HOME/.cache/pip)"
+	-command -v go >/dev/null 2>&1 && go clean -cache -modcache
+	@installed=$$(for p in $(MADE_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | \
+	  grep -q 'ok installed' && echo $$p; done); \
+	if [ -n "$$installed" ]; then echo "apt-get purge" $$installed; \
+	  DEBIAN_FRONTEND=noninteractive apt-get purge -y -q $$installed && \
+	  DEBIAN_FRONTEND=noninteractive apt-get autoremove --purge -y -q; fi
