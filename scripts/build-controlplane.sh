@@ -187,36 +187,12 @@ mkdir -p "$out"
 start=$(date +%s)
 log() { echo "[controlplane $k8s_version $(( $(date +%s) - start ))s] $*" >&2; }
 export CGO_ENABLED=0
-# One `go build` per module, the modules side by side: the Kubernetes commands share most of their packages
-# and each link runs on one core, so built together (and beside etcd and helm) they keep both cores busy where
-# one command after another leaves one idle through every link.
-declare -A pkgs extras
 for t in "${missing[@]}"; do
   IFS='|' read -r name dir pkg extra <<<"$t"
-  pkgs[$dir]+="$name|$pkg "
-  extras[$dir]=$extra
+  log "building $name ($pkg; a first build on this machine takes minutes)"
+  # Into a temporary name first: an interrupted build never leaves a binary that looks complete.
+  (cd "$dir" && go build -trimpath -ldflags "$ldflags $extra" -o "$out/.$name.tmp" "$pkg")
+  mv -f "$out/.$name.tmp" "$out/$name"
 done
-build_module() {
-  local dir=$1 names=() list=() entry tmp
-  for entry in ${pkgs[$dir]}; do names+=("${entry%%|*}"); list+=("${entry#*|}"); done
-  log "building ${names[*]} (a first build on this machine takes minutes)"
-  # Into a directory of its own first: an interrupted build never leaves a binary that looks complete.
-  tmp=$(mktemp -d "$out/.build.XXXXXX")
-  if (( ${#list[@]} == 1 )); then
-    (cd "$dir" && go build -trimpath -ldflags "$ldflags ${extras[$dir]}" -o "$tmp/${names[0]}" "${list[0]}")
-  else
-    (cd "$dir" && go build -trimpath -ldflags "$ldflags ${extras[$dir]}" -o "$tmp/" "${list[@]}")
-  fi
-  for entry in "${names[@]}"; do mv -f "$tmp/$entry" "$out/$entry"; done
-  rmdir "$tmp"
-  log "built ${names[*]}"
-}
-jobs_started=()
-for dir in "${!pkgs[@]}"; do
-  build_module "$dir" & jobs_started+=($!)
-done
-failed=0
-for pid in "${jobs_started[@]}"; do wait "$pid" || failed=1; done
-(( failed == 0 )) || die "a build failed (above)"
 log "done: $out"
 echo "$out"
