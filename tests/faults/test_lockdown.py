@@ -136,12 +136,12 @@ def test_a_flood_from_one_pod_to_every_port_leaves_a_replica_serving(
         f"{p(calm_took, 0.5) * 1000:.0f}/{p(calm_took, 0.99) * 1000:.0f}); working set {before / 2**20:.0f} MiB "
         f"before, {held / 2**20:.0f} held, peak {peak / 2**20:.0f}, {after / 2**20:.0f} after; taken out by "
         f"failover {endpoints.exits(ip, at)} time(s){''.join(sorted({f' ({m})' for _, m in verdicts}))}, "
-        f"unready by kubelet: {'yes' if name in unready else 'no'}")
+        f"Ready False at some point (kubelet's probe or failover's gate): {'yes' if name in unready else 'no'}")
     # What the flood may not do, whatever the machine's luck: refuse a pod, grow the replica without bound, or
     # take out a replica it does not reach.
     assert not refused(calm.outcomes) and not refused(creator.outcomes), refused(creator.outcomes)[:3]
     assert peak < memory_limit() * 0.75, peak
-    assert unready <= {name}, unready  # kubelet kept every other replica Ready
+    assert unready <= {name}, unready  # every other replica stayed Ready (kubelet's probes, failover's gate)
     assert {n for n, _ in verdicts} <= {name}, verdicts  # failover judged none of the others
     assert not endpoints.others_out(ip, at), endpoints.changes
     # What it may do: take the starved replica out, kubelet or failover (whose verdict names its majority) ...
