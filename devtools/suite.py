@@ -5,11 +5,10 @@ Each step is a command; a step starts once the steps it needs have passed, and s
 another. In order:
 
     first     lint, the newest control plane, the Debian packages, the image and kube-network-policies
-    faults    the fault tier, with nothing else at full weight: its verdicts are timed to the second
-    newest    then the unit, e2e and node tiers on the newest Kubernetes ...
-    floor     ... beside the e2e and node tiers on the floor and the cert-manager tier: each lane mostly waits
-              on its API server and kubelets, so together they take little longer than the longer one
-    release   and beside both, at the lowest weight, the release tier
+    newest    the unit and e2e tiers on the newest Kubernetes, beside the floor's e2e tier (each mostly waits on
+              its API server); then the node tiers, newest and floor, one at a time; then the fault tier, with
+              nothing else at full weight (its verdicts are timed to the second); then the cert-manager tier,
+              with the release tier beside it at the lowest weight
     builds    from the start, at the lowest weight: the floor's control plane, cert-manager, the release's tools
 
 A step marked low (the builds lane, and the release tier, which mostly builds) runs in a session of its own at
@@ -66,21 +65,22 @@ PLAN = (
     Step("kube-network-policies", "image", (*MAKE, "kube-network-policies")),
     Step("controlplane-floor", "builds", (*MAKE, "controlplane-floor"), low=True),
     Step("release and cert-manager tools", "builds", (*MAKE, "release-tools", "cert-manager"), low=True),
-    Step("fault tier", "faults", (*PYTEST, "-m", "faults"),
-         needs=("lint", "packages", "controlplane", "image", "kube-network-policies")),
     # The unit tier times a few things too (a write deadline, a heap given back): beside builds at full weight
     # (load 24 on 2 cores) three of them failed, so it waits for them, as every tier does.
-    Step("unit tier", "newest", (*PYTEST, "-m", "not e2e"), needs=("fault tier",)),
+    Step("unit tier", "newest", (*PYTEST, "-m", "not e2e"),
+         needs=("lint", "packages", "controlplane", "image", "kube-network-policies")),
     Step("e2e tier", "newest", (*PYTEST, "-m", "e2e"), needs=("unit tier",)),
-    Step("node tier", "newest", (*PYTEST, "-m", "node"), needs=("e2e tier",)),
-    # at the lowest weight, in a lane of its own: it mostly builds (the arm64 image under qemu), beside lanes
-    # that time what they measure
+    Step("e2e tier, floor", "floor", (*PYTEST, "-m", "e2e"), needs=("unit tier", "controlplane-floor"), env=FLOOR),
+    # The node tiers one at a time, with no other tier's nodes on the machine: their teardown test counts the
+    # machine's cgroups, mounts and links before and after.
+    Step("node tier", "newest", (*PYTEST, "-m", "node"), needs=("e2e tier", "e2e tier, floor")),
+    Step("node tier, floor", "newest", (*PYTEST, "-m", "node"), needs=("node tier",), env=FLOOR),
+    Step("fault tier", "newest", (*PYTEST, "-m", "faults"), needs=("node tier, floor",)),
+    Step("cert-manager tier", "newest", (*PYTEST, "-m", "certmanager"),
+         needs=("fault tier", "release and cert-manager tools")),
+    # at the lowest weight, beside the cert-manager tier: it mostly builds (the arm64 image under qemu)
     Step("release tier", "release", (*PYTEST, "-m", "release"),
          needs=("fault tier", "release and cert-manager tools"), low=True),
-    Step("e2e tier, floor", "floor", (*PYTEST, "-m", "e2e"), needs=("fault tier", "controlplane-floor"), env=FLOOR),
-    Step("node tier, floor", "floor", (*PYTEST, "-m", "node"), needs=("e2e tier, floor",), env=FLOOR),
-    Step("cert-manager tier", "floor", (*PYTEST, "-m", "certmanager"),
-         needs=("node tier, floor", "release and cert-manager tools")),
 )
 
 
