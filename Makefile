@@ -176,8 +176,8 @@ image: image-tools  ## the container image from the Dockerfile, with podman (pri
 	$(PYTHON) -m devtools.builds.image build --bases $(IMAGE_BASES) --platform $(IMAGE_PLATFORM)
 
 # Every tier and every build they need, placed on the two cores by devtools/suite.py (its docstring has the
-# plan): the fault tier first with only the lowest-weight builds beside it, then the newest and the floor side
-# by side; at the end a timeline of each step's minutes. `make clean-caches` returns a machine to nothing.
+# plan): the floor's e2e tier beside the unit and newest e2e tiers, the node tiers one at a time, the fault tier
+# with only the lowest-weight builds beside it; at the end a timeline of each step's minutes. `make clean-caches` returns a machine to nothing.
 test: setup  ## everything: lint, unit, e2e and node tiers, newest and floor; the fault, cert-manager and release tiers; a timeline
 	$(PY) -m devtools.suite
 

@@ -53,8 +53,8 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     low: bool = False
 
-#: What `make test` runs. The fault tier needs the newest control plane, the image and the enforcer; the other
-#: tiers wait for it, so that nothing but the low-weight builds shares the cores with it.
+#: What `make test` runs, in the order of the module docstring: nothing but the low-weight builds shares the
+#: cores with the fault tier, and no other tier's nodes share the machine with a node tier.
 PLAN = (
     Step("lint", "first", (*MAKE, "lint")),
     Step("controlplane", "build", (*MAKE, "controlplane")),
