@@ -11,6 +11,7 @@ import collections
 import contextlib
 import ctypes
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -71,16 +72,42 @@ def die_with_parent(sig: int = signal.SIGKILL) -> Callable[[], None] | None:
     return preexec
 
 
+def autogroup_nice() -> int:
+    """The nice value of this process's autogroup (0 where the kernel has none)."""
+    try:
+        found = re.search(r"nice (-?\d+)", Path("/proc/self/autogroup").read_text())
+    except OSError:
+        return 0
+    return int(found.group(1)) if found else 0
+
+
+def _in_session(death_signal: int) -> Callable[[], None]:
+    """A preexec function for a child in a session of its own: dying with us, and in an autogroup as low as
+    ours (a new session is a new autogroup at nice 0, so a service a low-weight step starts would otherwise
+    take an equal share of the cores from everything else)."""
+    dying, nice = die_with_parent(death_signal), autogroup_nice()
+
+    def preexec() -> None:
+        if dying is not None:
+            dying()
+        if nice > 0:
+            with contextlib.suppress(OSError):
+                Path("/proc/self/autogroup").write_text(str(nice))
+
+    return preexec
+
+
 def spawn(cmd: Sequence[str], log: Path, *, pipe: bool = False, env: dict[str, str] | None = None,
           cwd: Path | None = None, mode: str = "ab", death_signal: int = signal.SIGKILL) -> subprocess.Popen[bytes]:
-    """Start a child in its own session, dying with us, its output in `log` (opened with `mode`).
+    """Start a child in its own session (at our autogroup's weight), dying with us, its output in `log` (opened
+    with `mode`).
 
     With `pipe` its stdout is a pipe (for a readiness line, a JSON result) and only stderr goes to `log`.
     """
     with open(log, mode) as fh:
         return subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE if pipe else fh,
                                 stderr=fh if pipe else subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True, preexec_fn=die_with_parent(death_signal))
+                                start_new_session=True, preexec_fn=_in_session(death_signal))
 
 
 def signal_group(pgid: int, sig: int) -> None:

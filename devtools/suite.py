@@ -5,10 +5,11 @@ Each step is a command; a step starts once the steps it needs have passed, and s
 another. In order:
 
     first     lint, the newest control plane, the Debian packages, the image and kube-network-policies
-    newest    the unit and e2e tiers on the newest Kubernetes, beside the floor's e2e tier (each mostly waits on
-              its API server); then the node tiers, newest and floor, one at a time; then the fault tier, with
-              nothing else at full weight (its verdicts are timed to the second); then the cert-manager tier,
-              with the release tier beside it at the lowest weight
+    newest    the unit tier, then the fault tier with nothing else at full weight beside it (its verdicts are
+              timed to the second), then the e2e and node tiers on the newest Kubernetes
+    floor     once the fault tier is done, beside the newest: the floor's e2e and node tiers, then the
+              cert-manager tier
+    release   the release tier at the lowest weight, from the unit tier's end (beside the fault tier)
     builds    from the start, at the lowest weight: the floor's control plane, cert-manager, the release's tools
 
 A step marked low (the builds lane, and the release tier, which mostly builds) runs in a session of its own at
@@ -53,8 +54,8 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)
     low: bool = False
 
-#: What `make test` runs, in the order of the module docstring: nothing but the low-weight builds shares the
-#: cores with the fault tier, and no other tier's nodes share the machine with a node tier.
+#: What `make test` runs, in the order of the module docstring: nothing but low-weight steps shares the cores
+#: with the fault tier; after it, the newest and the floor's tiers run side by side.
 PLAN = (
     Step("lint", "first", (*MAKE, "lint")),
     Step("controlplane", "build", (*MAKE, "controlplane")),
@@ -69,18 +70,17 @@ PLAN = (
     # (load 24 on 2 cores) three of them failed, so it waits for them, as every tier does.
     Step("unit tier", "newest", (*PYTEST, "-m", "not e2e"),
          needs=("lint", "packages", "controlplane", "image", "kube-network-policies")),
-    Step("e2e tier", "newest", (*PYTEST, "-m", "e2e"), needs=("unit tier",)),
-    Step("e2e tier, floor", "floor", (*PYTEST, "-m", "e2e"), needs=("unit tier", "controlplane-floor"), env=FLOOR),
-    # The node tiers one at a time, with no other tier's nodes on the machine: their teardown test counts the
-    # machine's cgroups, mounts and links before and after.
-    Step("node tier", "newest", (*PYTEST, "-m", "node"), needs=("e2e tier", "e2e tier, floor")),
-    Step("node tier, floor", "newest", (*PYTEST, "-m", "node"), needs=("node tier",), env=FLOOR),
-    Step("fault tier", "newest", (*PYTEST, "-m", "faults"), needs=("node tier, floor",)),
-    Step("cert-manager tier", "newest", (*PYTEST, "-m", "certmanager"),
-         needs=("fault tier", "release and cert-manager tools")),
-    # at the lowest weight, beside the cert-manager tier: it mostly builds (the arm64 image under qemu)
+    # The fault tier uses about one core: the low-weight builds and the release tier take the other.
+    Step("fault tier", "newest", (*PYTEST, "-m", "faults"), needs=("unit tier",)),
+    # at the lowest weight, beside the fault tier: it mostly builds (the arm64 image under qemu)
     Step("release tier", "release", (*PYTEST, "-m", "release"),
-         needs=("fault tier", "release and cert-manager tools"), low=True),
+         needs=("unit tier", "release and cert-manager tools"), low=True),
+    Step("e2e tier", "newest", (*PYTEST, "-m", "e2e"), needs=("fault tier",)),
+    Step("node tier", "newest", (*PYTEST, "-m", "node"), needs=("e2e tier",)),
+    Step("e2e tier, floor", "floor", (*PYTEST, "-m", "e2e"), needs=("fault tier", "controlplane-floor"), env=FLOOR),
+    Step("node tier, floor", "floor", (*PYTEST, "-m", "node"), needs=("e2e tier, floor",), env=FLOOR),
+    Step("cert-manager tier", "floor", (*PYTEST, "-m", "certmanager"),
+         needs=("node tier, floor", "release and cert-manager tools")),
 )
 
 

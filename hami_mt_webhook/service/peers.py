@@ -42,7 +42,7 @@ logger = logging.getLogger("hami_mt_webhook")
 
 #: Probes of one peer allowed in flight at once: a silent one is asked again each interval, not piled on.
 IN_FLIGHT = 3
-#: A verdict written is not written again for this long while the watch has not shown it back yet.
+#: A verdict written is not written again for this long while the watch has not shown its gate back yet.
 ECHO_SECONDS = 2.0
 
 
@@ -232,13 +232,15 @@ class Peers:
                 verdicts[self.me] = Verdict(self.me, True, 1, len(replicas), "started and ready to answer")
         for verdict in verdicts.values():
             written = self._written.get(verdict.name)
+            target = replicas[verdict.name]
             if verdict.name in self._writing or (written is not None and written[0] is verdict.answering
+                                                 and target.answering is not verdict.answering
                                                  and now - written[1] < ECHO_SECONDS):
                 continue  # being written, or written just now and not yet seen back through the watch
             # Written beside the loop: a slow API server must not stop the probes (a replica that asks
             # nobody would soon hear nobody, and say so to the others).
             self._writing.add(verdict.name)
-            self._spawn(self._write(verdict, replicas[verdict.name]), f"verdict on {verdict.name}")
+            self._spawn(self._write(verdict, target), f"verdict on {verdict.name}")
         split = disputed(self.me, replicas, heard, self._views, self.timing, failing)
         self.state.metrics.peer_failures({name: failing.get(name) for name in heard})
         self.state.metrics.peers_seen(answering=sum(1 for s in heard.values() if s < self.timing.silent_after),

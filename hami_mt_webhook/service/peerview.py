@@ -179,9 +179,14 @@ def judge(me: str, replicas: Mapping[str, Replica], heard: Mapping[str, float],
         silent_for = heard.get(name)
         if name == me or silent_for is None:
             continue
-        if r.answering is True and name in refused and _serving(members, but=name):
+        # In the endpoints: its gate True, or False while Ready is True again. kubelet owns Ready and, at its
+        # periodic reconcile, writes back the Ready of its own cache when the API server's differs, so a
+        # verdict's Ready False can be undone before kubelet has seen the gate; the verdict is then written
+        # again, as its first time.
+        serving = r.answering is True or (r.answering is False and r.ready)
+        if serving and name in refused and _serving(members, but=name):
             verdicts.append(Verdict(name, False, 1, len(members), "refuses connections: nothing listens"))
-        elif r.answering is True and _against(mine, name, members, timing):
+        elif serving and _against(mine, name, members, timing):
             agreed = _agreeing(mine, name, members, views, timing, against=True)
             if 2 * agreed > len(members) and _serving(members, but=name):
                 reason = (f"not heard for {silent_for:.1f} s" if name in mine.silent else

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from devtools.procs import autogroup_nice
 from devtools.suite import PLAN, Step, Suite
 
 
@@ -55,3 +56,20 @@ def test_a_failed_step_fails_the_run_and_skips_what_needs_it(
 def test_a_plan_that_names_a_missing_step_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="nowhere"):
         Suite((Step("a", "x", ("true",), needs=("nowhere",)),), tmp_path)
+
+
+def test_a_service_a_low_step_starts_in_a_session_of_its_own_keeps_the_lowest_weight(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """procs.spawn gives each service a session, hence an autogroup, of its own: at nice 0 it would take an
+    equal share of the cores from the tiers beside the step."""
+    child = "print(open('/proc/self/autogroup').read().split()[-1])"
+    starts = ("import sys; from pathlib import Path; from devtools.procs import spawn; "
+              f"log = Path(sys.argv[1]); spawn([sys.executable, '-c', {child!r}], log, mode='wb').wait(); "
+              "print('service', log.read_text().strip())")
+    plan = (Step("low", "a", (sys.executable, "-c", starts, str(tmp_path / "service.log")), low=True),
+            Step("full", "b", (sys.executable, "-c", starts, str(tmp_path / "other.log"))))
+    assert Suite(plan, tmp_path).run()
+    out = capsys.readouterr().out
+    low, full = out.split("== low: passed")[1], out.split("== full: passed")[1]
+    assert "service 19" in low.split("==")[0]
+    assert f"service {autogroup_nice()}" in full.split("==")[0]  # a step at full weight: its services as it is

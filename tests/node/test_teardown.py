@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from devtools.clusters.host import hierarchies, own_memory_cgroup
+from devtools.clusters.host import hierarchies
 from devtools.clusters.nodes import NodeCluster
 from devtools.paths import REPO_ROOT
 
@@ -17,17 +17,22 @@ from ..e2e.support import until_seen
 
 def snapshot() -> dict[str, set[str]]:
     """What a node could leave, on the machine: other programs' mounts and links may come and go meanwhile,
-    so only the kinds a node makes are compared (its tmpfs, its directories, CNI's names, the bridge)."""
-    own = own_memory_cgroup().lstrip("/")
+    so only the kinds a node makes are compared (its tmpfs, its directories, CNI's names, the bridge). Its
+    cgroups are looked at under its own root (`node_cgroups`): other tiers' nodes make theirs meanwhile."""
     ours = ("hmw", "hami-mt-node", "/netns/cni-", "containerd", "kubelet")
     return {
         "mounts": {m for m in Path("/proc/self/mounts").read_text().splitlines() if any(o in m for o in ours)},
         "netns": set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()),
         "links": {line.split(":")[1].strip() for line in subprocess.run(
             ["ip", "-o", "link"], capture_output=True, text=True).stdout.splitlines()},
-        "cgroups": {str(d) for h in hierarchies(unified=True) for d in (h / own).glob("*") if d.is_dir()},
         "processes": {e.name for e in Path("/proc").iterdir() if e.name.isdigit()},
     }
+
+
+def node_cgroups(node: NodeCluster) -> list[Path]:
+    """The cgroups under the node's own root, in every hierarchy."""
+    roots = [h / node.cgroup_root.lstrip("/") for h in hierarchies(unified=True)] if node.cgroup_root else []
+    return [d for root in roots if root.is_dir() for d in (root, *root.rglob("*")) if d.is_dir()]
 
 
 def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
@@ -45,7 +50,7 @@ def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
         during = snapshot()
         # The node's mounts exist only in its own mount namespace, its cgroups in the machine's hierarchies.
         assert not [m for m in during["mounts"] - before["mounts"] if str(workdir) in m]
-        assert during["cgroups"] - before["cgroups"]
+        assert [d for d in node_cgroups(node) if d.name.startswith("pod")]
         inodes = {h.netns_inode for h in node.hosts}
     finally:
         node.stop()
@@ -54,7 +59,7 @@ def test_stop_leaves_no_process_mount_cgroup_bridge_or_namespace() -> None:
     assert after["mounts"] == before["mounts"]
     assert after["netns"] == before["netns"]
     assert not {link for link in after["links"] - before["links"] if link.startswith(("hmw", "veth"))}
-    assert after["cgroups"] <= before["cgroups"]
+    assert node_cgroups(node) == []
     new = after["processes"] - before["processes"]
     ours = [p for p in new if any(_in_netns(p, i) for i in inodes) or str(workdir) in _cmdline(p)]
     assert ours == []

@@ -134,6 +134,19 @@ def test_a_refused_connection_is_enough_alone_but_never_for_the_last_ready_repli
     assert judge("a", alone, {"c": 0.2}, {}, {}, T, refused={"c"}) == []
 
 
+def test_a_marked_replica_ready_again_before_its_kubelet_saw_the_gate_is_marked_again() -> None:
+    """kubelet's periodic reconcile writes its cached Ready back over a verdict's Ready False; while the
+    replica is still refused or silent, the verdict is written again. Ready False with it is the state to
+    keep: no verdict."""
+    undone = {**members("a", "b"), "c": Replica("c", "10.244.0.12", ready=True, answering=False)}
+    verdicts = judge("a", undone, {"b": 0.1, "c": 0.2}, {}, {}, T, refused={"c"})
+    assert [(v.name, v.answering) for v in verdicts] == [("c", False)]
+    verdicts = judge("a", undone, {"b": 0.1, "c": 0.9}, {}, {"b": view("b", {"a": 0.1, "c": 0.8})}, T)
+    assert [(v.name, v.answering, v.agreed) for v in verdicts] == [("c", False, 2)]
+    kept = {**members("a", "b"), "c": Replica("c", "10.244.0.12", ready=False, answering=False)}
+    assert judge("a", kept, {"b": 0.1, "c": 0.2}, {}, {}, T, refused={"c"}) == []
+
+
 def test_outcomes_give_a_share_over_the_window_once_there_are_enough() -> None:
     o = Outcomes(window=5.0)
     for i in range(MIN_PROBES - 1):

@@ -125,6 +125,32 @@ async def test_a_refused_probe_is_judged_at_once_not_at_the_loops_next_turn(monk
         await peers._http.close()
     assert [(v.name, v.answering, v.reason) for v in written] == [("c", False, "refuses connections: nothing listens")]
 
+async def test_a_verdict_undone_by_kubelet_is_written_again_once_its_gate_was_seen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written just now and the watch still shows the gate True: not written twice. The watch shows the gate
+    False but Ready True again (kubelet's reconcile wrote its cached Ready back): written again at once."""
+    peers = Peers(State(Config(), ClusterView(ready=False)), lambda: None,
+                  Failover(me="a", namespace="ns", selector="app=x"), port=0, mode="list")
+    peers.feed.replicas = {n: Replica(n, "127.0.0.1", ready=True, answering=True) for n in "abc"}
+    peers.feed.synced_at = time.time()
+    peers._heard.update(b=time.monotonic(), c=time.monotonic())
+    peers._refused.add("c")
+    peers._written["c"] = (False, time.monotonic())
+    written: list[Verdict] = []
+
+    async def write(verdict: Verdict, target: Replica) -> None:
+        written.append(verdict)
+
+    monkeypatch.setattr(peers, "_write", write)
+    peers._decide()
+    await asyncio.sleep(0)
+    assert written == []
+    peers.feed.replicas["c"] = Replica("c", "127.0.0.1", ready=True, answering=False)
+    peers._decide()
+    await asyncio.sleep(0)
+    assert [(v.name, v.answering) for v in written] == [("c", False)]
+
+
 async def test_other_methods_and_paths_get_fixed_answers_without_a_banner() -> None:
     async with serve_probes(State(Config(), ClusterView(ready=False))) as probe:
         answers = {}
