@@ -103,6 +103,7 @@ class Peers:
         self._tasks: set[asyncio.Task[None]] = set()  # probes and writes, held until done (the loop holds
         self._writing: set[str] = set()  # weak references only); the replicas whose verdict is being written
         self._written: dict[str, tuple[bool, float]] = {}  # name -> what this replica last wrote, and when
+        self._out_since: dict[str, float] = {}  # name -> monotonic time the watch first showed its gate False
         self._api: aiohttp.ClientSession | None = None
         self._http: aiohttp.ClientSession | None = None
 
@@ -220,7 +221,12 @@ class Peers:
             return
         now = time.monotonic()
         heard = {name: now - t for name, t in self._heard.items()}
-        answering = {name: now - t for name, t in self._streak.items()}
+        self._out_since = {name: self._out_since.get(name, now) for name, r in replicas.items()
+                           if r.answering is False}
+        # A replica marked out is put back after answering for `recover_after` since the mark, not since its
+        # answers began: another replica's probe meets a crash a moment before this one's does, and the
+        # streak this one counts from before the crash must not overturn that verdict.
+        answering = {name: now - max(t, self._out_since.get(name, t)) for name, t in self._streak.items()}
         failing = self._failing(now)
         own = replicas.get(self.me)
         verdicts = {v.name: v for v in judge(self.me, replicas, heard, answering, self._views, self.timing,

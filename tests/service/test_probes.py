@@ -20,7 +20,7 @@ from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import probes
 from hami_mt_webhook.service.listener import Limits, Listener
 from hami_mt_webhook.service.peers import Failover, Peers
-from hami_mt_webhook.service.peerview import Replica, Verdict
+from hami_mt_webhook.service.peerview import Replica, Verdict, View
 from hami_mt_webhook.service.state import State
 from tests.builders import nodes_view
 from tests.service.test_listener import eventually
@@ -149,6 +149,34 @@ async def test_a_verdict_undone_by_kubelet_is_written_again_once_its_gate_was_se
     peers._decide()
     await asyncio.sleep(0)
     assert [(v.name, v.answering) for v in written] == [("c", False)]
+
+
+async def test_a_replica_just_marked_is_put_back_only_after_answering_since_the_mark(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another replica's probe met a crash first and marked it; this one's last probes still answered (a run of
+    8 s): no verdict putting it back until it has answered for `recover_after` since the mark was seen."""
+    peers = Peers(State(Config(), ClusterView(ready=False)), lambda: None,
+                  Failover(me="a", namespace="ns", selector="app=x"), port=0, mode="list")
+    peers.feed.replicas = {n: Replica(n, "127.0.0.1", ready=True, answering=True) for n in "ab"}
+    peers.feed.replicas["c"] = Replica("c", "127.0.0.1", ready=False, answering=False)
+    peers.feed.synced_at = time.time()
+    now = time.monotonic()
+    peers._heard.update(b=now, c=now)
+    peers._streak.update(b=now - 8, c=now - 8)
+    peers._views["b"] = View("b", {"a": 0.05, "c": 0.05})
+    written: list[Verdict] = []
+
+    async def write(verdict: Verdict, target: Replica) -> None:
+        written.append(verdict)
+
+    monkeypatch.setattr(peers, "_write", write)
+    peers._decide()
+    await asyncio.sleep(0)
+    assert written == []
+    peers._out_since["c"] -= 1.5  # seen marked 1.5 s ago, answering all along
+    peers._decide()
+    await asyncio.sleep(0)
+    assert [(v.name, v.answering) for v in written] == [("c", True)]
 
 
 async def test_other_methods_and_paths_get_fixed_answers_without_a_banner() -> None:
