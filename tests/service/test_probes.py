@@ -102,21 +102,28 @@ async def test_peers_answers_this_replicas_view() -> None:
     assert orjson.loads(body) == {"name": "webhook-a", "heard": {}, "silent": [], "failing": {}}
 
 
-async def test_a_refused_probe_is_judged_at_once_not_at_the_loops_next_turn(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A peer whose port refuses connections (a crash): the failed probe itself writes the verdict, since every
-    call kube-apiserver sends there until the endpoint goes is a refused pod."""
-    [closed] = free_ports(1)  # nothing listens there
+def peers_writing_to(written: list[Verdict], monkeypatch: pytest.MonkeyPatch, port: int = 0) -> Peers:
+    """Replica "a"'s failover, synced with peers "a", "b", "c" all answering, whose verdicts land in `written`
+    instead of the API server."""
     peers = Peers(State(Config(), ClusterView(ready=False)), lambda: None,
-                  Failover(me="a", namespace="ns", selector="app=x"), port=closed, mode="list")
+                  Failover(me="a", namespace="ns", selector="app=x"), port=port, mode="list")
     peers.feed.replicas = {n: Replica(n, "127.0.0.1", ready=True, answering=True) for n in "abc"}
     peers.feed.synced_at = time.time()
-    peers._heard["c"] = time.monotonic()
-    written: list[Verdict] = []
 
     async def write(verdict: Verdict, target: Replica) -> None:
         written.append(verdict)
 
     monkeypatch.setattr(peers, "_write", write)
+    return peers
+
+
+async def test_a_refused_probe_is_judged_at_once_not_at_the_loops_next_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A peer whose port refuses connections (a crash): the failed probe itself writes the verdict, since every
+    call kube-apiserver sends there until the endpoint goes is a refused pod."""
+    [closed] = free_ports(1)  # nothing listens there
+    written: list[Verdict] = []
+    peers = peers_writing_to(written, monkeypatch, port=closed)
+    peers._heard["c"] = time.monotonic()
     peers._http = aiohttp.ClientSession()
     try:
         await peers._probe("c", "127.0.0.1")
@@ -125,23 +132,16 @@ async def test_a_refused_probe_is_judged_at_once_not_at_the_loops_next_turn(monk
         await peers._http.close()
     assert [(v.name, v.answering, v.reason) for v in written] == [("c", False, "refuses connections: nothing listens")]
 
+
 async def test_a_verdict_undone_by_kubelet_is_written_again_once_its_gate_was_seen(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Written just now and the watch still shows the gate True: not written twice. The watch shows the gate
     False but Ready True again (kubelet's reconcile wrote its cached Ready back): written again at once."""
-    peers = Peers(State(Config(), ClusterView(ready=False)), lambda: None,
-                  Failover(me="a", namespace="ns", selector="app=x"), port=0, mode="list")
-    peers.feed.replicas = {n: Replica(n, "127.0.0.1", ready=True, answering=True) for n in "abc"}
-    peers.feed.synced_at = time.time()
+    written: list[Verdict] = []
+    peers = peers_writing_to(written, monkeypatch)
     peers._heard.update(b=time.monotonic(), c=time.monotonic())
     peers._refused.add("c")
     peers._written["c"] = (False, time.monotonic())
-    written: list[Verdict] = []
-
-    async def write(verdict: Verdict, target: Replica) -> None:
-        written.append(verdict)
-
-    monkeypatch.setattr(peers, "_write", write)
     peers._decide()
     await asyncio.sleep(0)
     assert written == []
@@ -155,21 +155,13 @@ async def test_a_replica_just_marked_is_put_back_only_after_answering_since_the_
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Another replica's probe met a crash first and marked it; this one's last probes still answered (a run of
     8 s): no verdict putting it back until it has answered for `recover_after` since the mark was seen."""
-    peers = Peers(State(Config(), ClusterView(ready=False)), lambda: None,
-                  Failover(me="a", namespace="ns", selector="app=x"), port=0, mode="list")
-    peers.feed.replicas = {n: Replica(n, "127.0.0.1", ready=True, answering=True) for n in "ab"}
+    written: list[Verdict] = []
+    peers = peers_writing_to(written, monkeypatch)
     peers.feed.replicas["c"] = Replica("c", "127.0.0.1", ready=False, answering=False)
-    peers.feed.synced_at = time.time()
     now = time.monotonic()
     peers._heard.update(b=now, c=now)
     peers._streak.update(b=now - 8, c=now - 8)
     peers._views["b"] = View("b", {"a": 0.05, "c": 0.05})
-    written: list[Verdict] = []
-
-    async def write(verdict: Verdict, target: Replica) -> None:
-        written.append(verdict)
-
-    monkeypatch.setattr(peers, "_write", write)
     peers._decide()
     await asyncio.sleep(0)
     assert written == []
