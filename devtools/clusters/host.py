@@ -147,7 +147,9 @@ def own_memory_cgroup() -> str:
 
 def make_cgroups(root: str) -> list[Path]:
     """`root` in every hierarchy, cpuset's cpus and mems copied down; returns the dirs made, topmost
-    first (what `remove_cgroups` removes)."""
+    first (`remove_cgroups` removes them). Where this process is not in `root`'s parent (a hierarchy whose
+    cgroup is another, the cpu one here), the parents are made too: they may be shared with another
+    tier's cluster, which lives in the same memory cgroup."""
     made = []
     for h in hierarchies():
         path = h
@@ -172,14 +174,20 @@ def cgroup_pids(dirs: Sequence[Path]) -> set[int]:
     return pids
 
 
-def remove_cgroups(made: Sequence[Path], timeout: float = 10.0) -> list[Path]:
-    """rmdir the made dirs and whatever kubelet made below them, deepest first, again until they are gone (a
-    cgroup is busy until its last process has exited); returns what is left."""
+def remove_cgroups(roots: Sequence[Path], made: Sequence[Path] = (), timeout: float = 10.0) -> list[Path]:
+    """rmdir `roots` and whatever kubelet made below them, deepest first, again until they are gone (a cgroup
+    is busy until its last process has exited); then those of `made` (what `make_cgroups` made) above a root
+    once they are empty, never what is below them: another tier's cluster may have its cgroups there (two
+    node tiers share the parents; walking one removed a killed node's empty cgroups under the other, and its
+    kubelet could not start again). Returns what is left."""
+    mine = [Path(r) for r in roots]
+    shared = sorted((m for m in made if any(m in r.parents for r in mine)), key=lambda m: -len(m.parts))
+    owned = [m for m in made if m not in shared]
     left: list[Path] = []
 
     def removed() -> bool:
         left.clear()
-        for top in reversed(made):
+        for top in [*mine, *owned]:
             if not top.is_dir():
                 continue
             for d, _, _ in sorted(os.walk(top, topdown=False), key=lambda w: -len(Path(w[0]).parts)):
@@ -191,6 +199,9 @@ def remove_cgroups(made: Sequence[Path], timeout: float = 10.0) -> list[Path]:
 
     with contextlib.suppress(NotWithin):
         until("the cgroups removed", removed, timeout, 0.2)
+    for parent in shared:  # deepest first; one that holds another's cgroups stays
+        with contextlib.suppress(OSError):
+            os.rmdir(parent)
     return left
 
 
@@ -490,7 +501,7 @@ class Host:
         kill_pids(self.processes())  # containerd's shims, which outlive it
         if self.ns is not None:
             self.ns.stop()
-        remove_cgroups([*self.cgroup_dirs(), *self._cgroups_made])
+        remove_cgroups(self.cgroup_dirs(), self._cgroups_made)
 
     def leftovers(self) -> dict[str, list[str]]:
         return leftovers(self.workdir, self.cgroup_root, self.netns_inode)

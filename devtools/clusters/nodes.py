@@ -576,7 +576,7 @@ class NodeCluster:
         if self.fabric is not None:
             self.fabric.stop()
         dirs = [h / self.cgroup_root.lstrip("/") for h in hierarchies(unified=True)] if self.cgroup_root else []
-        remove_cgroups([*dirs, *self._cgroups_made])
+        remove_cgroups(dirs, self._cgroups_made)
         if self.workdir != Path():
             shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -22,6 +22,7 @@ from devtools.clusters.host import (
     node_name,
     pod_subnet,
     reaper,
+    remove_cgroups,
     zone,
 )
 
@@ -95,3 +96,18 @@ def test_a_reaper_waits_for_the_holders_it_is_given_before_removing_the_tier() -
     removes = next(i for i, line in enumerate(lines) if "rm -rf /w" in line)
     assert waits < removes
     assert not any("holders" in line for line in reaper(Path("/w/node1"), "/mine/x/n1"))
+
+
+def test_removing_a_clusters_cgroups_leaves_another_clusters_below_the_parents_they_share(tmp_path: Path) -> None:
+    """Two node tiers in one memory cgroup: where the first made the parents (the cpu hierarchy), its stop
+    removes its own tree and the parents only once empty, not the other's cgroups of a killed node."""
+    hierarchy = tmp_path / "cpu"
+    parents = [hierarchy / "process_api", hierarchy / "process_api" / "job"]
+    first = parents[-1] / "hami-mt-node-first"
+    other = parents[-1] / "hami-mt-node-other" / "hmw-node-1" / "kubepods"
+    (first / "hmw-node-1" / "kubepods").mkdir(parents=True)
+    other.mkdir(parents=True)
+    assert remove_cgroups([first], [*parents, first], timeout=1) == []
+    assert not first.exists() and other.is_dir()
+    assert remove_cgroups([other.parent.parent], timeout=1) == []
+    assert remove_cgroups([first], [*parents, first], timeout=1) == [] and not parents[0].exists()
