@@ -20,6 +20,7 @@ the kubelet's client certificate, every controller, a default scheduler).
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
@@ -31,6 +32,7 @@ import tempfile
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import weakref
 from collections.abc import Callable, Iterable, Sequence
@@ -115,6 +117,7 @@ class ControlPlane:
         self.startup_seconds: float | None = None
         #: What the API server says it is (`/version`'s gitVersion, "v1.30.14"), known once started.
         self.git_version = ""
+        self._api = threading.local()  # each thread's kept-alive connection (`get`)
 
     # properties ---------------------------------------------------------------------------------------
 
@@ -400,6 +403,43 @@ class ControlPlane:
 
         until(f"{what} ready at {url}", answers, self.ready_timeout, 0.2,
               fail=lambda m: ControlPlaneError(f"{m}; last answer: {last}\nend of {log}:\n{_tail(log)}"))
+
+    # reads ---------------------------------------------------------------------------------------------
+
+    def get(self, path: str, timeout: float = 10.0, **query: str) -> Any:
+        """GET `path` of the API as admin (`query` its parameters, `labelSelector=...`), the answer's JSON.
+        For what a harness polls several times a second: a kubectl is a process and a TLS handshake each
+        time, about a tenth of a second of a core; this keeps one connection per thread. Raises KubectlError
+        on a status other than 200, OSError when the API server does not answer."""
+        url = path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+        for attempt in (1, 2):  # a kept-alive connection the server closed meanwhile is opened again, once
+            conn = self._connection(timeout)
+            try:
+                conn.request("GET", url, headers={"Accept": "application/json"})
+                resp = conn.getresponse()
+                body = resp.read()
+            except (http.client.HTTPException, OSError):
+                conn.close()
+                self._api.conn = None
+                if attempt == 2:
+                    raise
+                continue
+            if resp.status != 200:
+                raise KubectlError(1, ["GET", url], "", f"HTTP {resp.status}: {body.decode(errors='replace')}")
+            return json.loads(body)
+
+    def _connection(self, timeout: float) -> http.client.HTTPSConnection:
+        conn: http.client.HTTPSConnection | None = getattr(self._api, "conn", None)
+        if conn is None or getattr(self._api, "server", "") != self.server:
+            ctx = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
+            ctx.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
+            host = urllib.parse.urlsplit(self.server)
+            conn = http.client.HTTPSConnection(host.hostname or "127.0.0.1", host.port, context=ctx)
+            self._api.conn, self._api.server = conn, self.server
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
 
     # kubectl ------------------------------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ release tiers, `make run NODE=1` and the scenarios."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -87,9 +86,9 @@ def tainted_example_nodes() -> list[dict[str, Any]]:
 
 def replicas(cluster: NodeCluster, *, terminating: bool = False) -> list[dict[str, Any]]:
     """The chart's webhook pods; those being deleted (still serving through their preStop) only if asked."""
-    out = cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/name=hami-mt-webhook",
-                          "-o", "json").stdout
-    return [p for p in json.loads(out)["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
+    pods = cluster.controlplane.get(f"/api/v1/namespaces/{NAMESPACE}/pods",
+                                    labelSelector="app.kubernetes.io/name=hami-mt-webhook")
+    return [p for p in pods["items"] if terminating or not p["metadata"].get("deletionTimestamp")]
 
 
 def scrape(cluster: NodeCluster, pod: dict[str, Any]) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 from devtools import paths
 from devtools.clusters import helm_release
+from devtools.clusters.controlplane import KubectlError
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, Outcome, creating
 from devtools.waiting import NotWithin, until
@@ -121,11 +122,12 @@ class EndpointWatch:
 
     def _poll(self) -> None:
         while not self._stop.is_set():
-            out = self.cluster.kubectl("get", "endpointslices", "-n", NAMESPACE, "-l",
-                                       f"kubernetes.io/service-name={SERVICE}", "-o", "json", check=False).stdout
-            with contextlib.suppress(ValueError, KeyError):
+            with contextlib.suppress(OSError, KubectlError, ValueError, KeyError):
+                slices = self.cluster.controlplane.get(f"/apis/discovery.k8s.io/v1/namespaces/{NAMESPACE}/"
+                                                       "endpointslices",
+                                                       labelSelector=f"kubernetes.io/service-name={SERVICE}")
                 ready = {e["addresses"][0]: bool(e.get("conditions", {}).get("ready"))
-                         for s in json.loads(out)["items"] for e in s.get("endpoints") or []}
+                         for s in slices["items"] for e in s.get("endpoints") or []}
                 if not self.changes or self.changes[-1][1] != ready:
                     self.changes.append((time.time(), ready))
             self._stop.wait(0.2)

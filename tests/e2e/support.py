@@ -156,6 +156,16 @@ def serving_from_wheel() -> Iterator[wheel.Installed]:
         LocalWebhook.command_prefix = before
 
 
+#: Whether this is the floor's e2e tier (`HAMI_MT_KUBE_VERSION=floor`).
+ON_THE_FLOOR = os.environ.get("HAMI_MT_KUBE_VERSION") == "floor"
+
+
+def newest_only(why: str) -> pytest.MarkDecorator:
+    """Skipped in the floor's e2e tier: a test that does not depend on the Kubernetes version (`why`), so
+    running it on both would be the same check twice."""
+    return pytest.mark.skipif(ON_THE_FLOOR, reason=f"{why}: run on the newest")
+
+
 def wait_for(what: str, check: Callable[[], object], timeout: float = 20.0) -> None:
     """`until`, polled more often: the API server applies some changes (registrations, labels) from caches."""
     until(what, check, timeout, interval=0.1)

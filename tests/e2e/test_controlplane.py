@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from devtools.builds.binaries import BIN_ENV, VERSION_ENV, pinned_versions
-from devtools.clusters.controlplane import ControlPlane, ControlPlaneError
+from devtools.clusters.controlplane import ControlPlane, ControlPlaneError, KubectlError
 
 from .support import none_left, processes_mentioning, until_seen
 
@@ -81,6 +82,25 @@ def test_pods_on_the_default_scheduler_are_stored_never_bound(controlplane: Cont
     assert got["spec"]["containers"][0]["image"] == "registry.invalid/pause:1"
     assert got["status"]["phase"] == "Pending"  # stored, never scheduled
     assert "nodeName" not in got["spec"]
+
+
+def test_get_reads_what_kubectl_reads_on_one_connection_and_opens_another_when_it_is_cut(
+        controlplane: ControlPlane) -> None:
+    """`ControlPlane.get`, what the fault and node tiers poll with: the same objects kubectl lists, a status
+    other than 200 raised with its body, and a kept-alive connection the other end closed opened again."""
+    cp = controlplane
+    by_kubectl = json.loads(cp.kubectl("get", "namespaces", "-l", "kubernetes.io/metadata.name=default",
+                                       "-o", "json").stdout)["items"]
+    by_get = cp.get("/api/v1/namespaces", labelSelector="kubernetes.io/metadata.name=default")["items"]
+    assert [n["metadata"]["uid"] for n in by_get] == [n["metadata"]["uid"] for n in by_kubectl] != []
+    first = cp._api.conn.sock
+    assert cp.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
+    assert cp._api.conn.sock is first  # kept alive
+    with pytest.raises(KubectlError, match="HTTP 404"):
+        cp.get("/api/v1/namespaces/no-such-namespace")
+    cp._api.conn.sock.shutdown(socket.SHUT_RDWR)  # as a server's close looks to the next request
+    assert cp.get("/api/v1/namespaces/default")["metadata"]["name"] == "default"
+    assert cp._api.conn.sock is not first
 
 
 def test_stop_leaves_no_processes_and_no_files() -> None:

@@ -7,23 +7,22 @@ build stage and `pip install` of an sdist build it; the sdist is built and insta
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import yaml
 
 from devtools.builds import wheel
 from devtools.builds.wheel import Installed
 from devtools.paths import REPO_ROOT
 
+from .support import newest_only
+
 #: The clean builds, and the unit tiers on the compiled rules, do not depend on the Kubernetes version: they
 #: run with the newest only.
-NEWEST_ONLY = pytest.mark.skipif(os.environ.get("HAMI_MT_KUBE_VERSION") == "floor",
-                                 reason="builds do not depend on the Kubernetes version: run on the newest")
+NEWEST_ONLY = newest_only("builds do not depend on the Kubernetes version")
 
 EXAMPLES = REPO_ROOT / "examples"
 
