@@ -366,12 +366,16 @@ class ControlPlane:
             self._wait(name, proc, log, f"https://127.0.0.1:{self._reach(port)}/healthz",
                        lambda body: body.strip() == b"ok")
 
-    def _opener(self) -> urllib.request.OpenerDirector:
-        """An HTTP(S) client that trusts our CA, presents the admin cert and ignores proxy settings."""
+    def _admin_tls(self) -> ssl.SSLContext:
+        """TLS that trusts our CA and presents the admin cert."""
         ctx = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
         ctx.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
+        return ctx
+
+    def _opener(self) -> urllib.request.OpenerDirector:
+        """An HTTP(S) client that trusts our CA, presents the admin cert and ignores proxy settings."""
         return urllib.request.build_opener(urllib.request.ProxyHandler({}),
-                                           urllib.request.HTTPSHandler(context=ctx))
+                                           urllib.request.HTTPSHandler(context=self._admin_tls()))
 
     def wait_ready(self, what: str, proc: subprocess.Popen[bytes], log: Path, url: str) -> None:
         """Wait until `url` answers 2xx, as for the control plane's own processes: for a process started
@@ -431,10 +435,8 @@ class ControlPlane:
     def _connection(self, timeout: float) -> http.client.HTTPSConnection:
         conn: http.client.HTTPSConnection | None = getattr(self._api, "conn", None)
         if conn is None or getattr(self._api, "server", "") != self.server:
-            ctx = ssl.create_default_context(cafile=str(self.workdir / "ca.crt"))
-            ctx.load_cert_chain(str(self.workdir / "admin.crt"), str(self.workdir / "admin.key"))
             host = urllib.parse.urlsplit(self.server)
-            conn = http.client.HTTPSConnection(host.hostname or "127.0.0.1", host.port, context=ctx)
+            conn = http.client.HTTPSConnection(host.hostname or "127.0.0.1", host.port, context=self._admin_tls())
             self._api.conn, self._api.server = conn, self.server
         conn.timeout = timeout
         if conn.sock is not None:

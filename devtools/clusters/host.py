@@ -182,12 +182,11 @@ def remove_cgroups(roots: Sequence[Path], made: Sequence[Path] = (), timeout: fl
     kubelet could not start again). Returns what is left."""
     mine = [Path(r) for r in roots]
     shared = sorted((m for m in made if any(m in r.parents for r in mine)), key=lambda m: -len(m.parts))
-    owned = [m for m in made if m not in shared]
     left: list[Path] = []
 
     def removed() -> bool:
         left.clear()
-        for top in [*mine, *owned]:
+        for top in mine:
             if not top.is_dir():
                 continue
             for d, _, _ in sorted(os.walk(top, topdown=False), key=lambda w: -len(Path(w[0]).parts)):
