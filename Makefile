@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PYTHON ?= python3
 comma := ,
 
-.PHONY: help setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit check test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
+.PHONY: help setup run cert-manager test-certmanager renewals release-tools release release-image-tools release-test-tools test-release test test-unit check shipped test-e2e test-e2e-floor test-node previous test-faults test-faults-floor faults test-hami hami-source compat lint bench wrk prometheus image lock \
 	image-tools node-tools controlplane controlplane-floor certs clean clean-caches \
 	kube-network-policies netpol-tools netpol-proof
 
@@ -83,6 +83,12 @@ test-unit: setup prometheus  ## the unit tests (pytest -m "not e2e"): no control
 	$(PY) -m pytest -q -m "not e2e"
 
 check: lint test-unit  ## the loop before each commit: lint and the unit tier, no control plane and no root (once promtool is installed)
+
+# The chart is the one source of what the project ships (devtools/clusters/shipped.py): the kustomize base, its
+# components' resources and the package's copies of the webhook configurations are rendered from it with the
+# chart's own helm, and the unit tier fails when one of them differs from what the chart renders.
+shipped: setup  ## after a change to the chart: render the kustomize base, its components and the package's copies from it
+	$(PY) -m devtools.clusters.shipped
 
 test-e2e: setup controlplane prometheus  ## the e2e tier against a real kube-apiserver and etcd (KUBE_VERSION as above)
 	$(PY) -m pytest -q -m e2e

@@ -1,8 +1,8 @@
 """The webhook configurations that `certs` writes, from package data.
 
-The files in `data/` are copies of the repository's `manifests/webhooks.yaml`,
-`manifests/workload-webhook.yaml` and `manifests/webhooks-warn.yaml` (a test keeps them identical), so an
-installed wheel writes the same configurations the kustomize base applies, without reading the repository.
+The files in `data/` are the kustomize base's `webhooks.yaml`, `workload-webhook.yaml` and `webhooks-warn.yaml`,
+rendered from the chart with them (`make shipped`), so an installed wheel writes the same configurations the
+kustomize base applies, without reading the repository.
 """
 
 from __future__ import annotations

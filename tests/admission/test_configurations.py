@@ -35,7 +35,7 @@ def test_package_data_is_the_kustomize_base():
     for name in configurations.FILES:
         packaged = root / "hami_mt_webhook" / "admission" / "data" / name
         assert packaged.read_bytes() == (root / "manifests" / name).read_bytes(), (
-            f"copy manifests/{name} to hami_mt_webhook/admission/data/{name}")
+            f"hami_mt_webhook/admission/data/{name} is not manifests/{name}: run make shipped")
     shipped = configurations.webhook_configurations()
     based = [d for d in manifests.load() if d["kind"] in configurations.WEBHOOK_KINDS]
     assert shipped == based and len(shipped) == 5

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from devtools.clusters import manifests, monitoring
+from devtools.clusters import manifests, monitoring, shipped
 from devtools.clusters.controlplane import ControlPlane, binaries
 from devtools.clusters.helm_release import apply_nodes, example_nodes
 from devtools.clusters.local import LocalWebhook
@@ -40,9 +40,8 @@ from .support import ON_THE_FLOOR, pod
 NS = "hami-mt-webhook"
 RELEASE = "hami-mt-webhook"
 SECRET = "hami-mt-webhook-tls"
-#: Labels the chart adds for Helm's bookkeeping; everything else must match the kustomize base.
-HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version",
-               "helm.sh/chart")
+HELM_LABELS = shipped.HELM_LABELS
+without_helm_labels = shipped.without_helm_labels
 CONFIGS = (("MutatingWebhookConfiguration", "hami-mt-webhook"), ("ValidatingWebhookConfiguration", "hami-mt-webhook"),
            ("ValidatingWebhookConfiguration", "hami-mt-webhook-workloads"),
            ("MutatingWebhookConfiguration", "hami-mt-webhook-warn"),
@@ -106,21 +105,6 @@ def find(docs: list[Doc], kind: str, name: str) -> Doc:
 
 def kinds(docs: list[Doc]) -> set[tuple[str, str]]:
     return {(d["kind"], d["metadata"]["name"]) for d in docs}
-
-
-def without_helm_labels(doc: Doc) -> Doc:
-    """`doc` with the bookkeeping labels removed wherever labels are (object and pod template)."""
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            out = {k: strip(v) for k, v in node.items()}
-            if isinstance(out.get("metadata"), dict) and isinstance(out["metadata"].get("labels"), dict):
-                out["metadata"]["labels"] = {k: v for k, v in out["metadata"]["labels"].items()
-                                             if k not in HELM_LABELS}
-            return out
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-    return strip(doc)
 
 
 def differences(a: Any, b: Any, path: str = "") -> list[str]:
@@ -432,17 +416,6 @@ def test_the_audit_values_switch_its_objects_and_flags(rendered: list[Doc]) -> N
         upstream = yaml.safe_load((CHART / "files" / "crds" / f"wgpolicyk8s.io_{crd['spec']['names']['plural']}.yaml")
                                   .read_text())
         assert crd["spec"] == upstream["spec"]  # Kyverno's schema, unchanged by the template
-
-
-def test_the_monitoring_component_is_the_charts_rendering() -> None:
-    """One home for the alerts and the dashboard: the component is written from the chart (default values)
-    by `python -m devtools.clusters.monitoring`, so an edit to either alone fails here."""
-    rendered = monitoring.render_component(binaries() / "helm")
-    assert set(rendered) == set(monitoring.COMPONENT_FILES)
-    for name, text in rendered.items():
-        assert (monitoring.COMPONENT / name).read_text() == text, f"{name}: run python -m devtools.clusters.monitoring"
-    listed = yaml.safe_load((monitoring.COMPONENT / "kustomization.yaml").read_text())["resources"]
-    assert sorted(listed) == sorted(rendered)
 
 
 def test_monitoring_values_reach_the_rules_and_the_dashboard(rendered: list[Doc], tmp_path: Path) -> None:

@@ -482,9 +482,8 @@ def test_monitoring_component_renders_with_the_base(tmp_path: Path) -> None:
 
 
 def test_warn_registrations_are_the_base_registrations_for_namespaces_in_rollout_mode(docs) -> None:
-    """webhooks-warn.yaml is generated from the base (`python -m devtools.clusters.manifests`): after a change to
-    webhooks.yaml or workload-webhook.yaml, run it; the copies differ in names, paths and one selector
-    term."""
+    """webhooks-warn.yaml (the chart's templates/webhooks-warn.yaml) is the base's registrations for
+    namespaces in rollout mode: the copies differ in names, paths and one selector term."""
     warn = manifests.load(manifests.base_dir() / manifests.WARN_FILE)
     assert warn == manifests.warn_registrations(docs)
     originals = [w for d in docs if d["kind"] in HOOKS and d["metadata"]["name"] != WARN

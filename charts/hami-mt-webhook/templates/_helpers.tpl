@@ -264,7 +264,7 @@ annotations:
 
 {{/*
 The validating webhook's second matchCondition: send the pod only when it changed after the mutating webhook,
-by rebuilding the record that webhook wrote (hami_mt_webhook/rules/record.py; manifests/webhooks.yaml says why).
+by rebuilding the record that webhook wrote (hami_mt_webhook/rules/record.py; templates/webhooks.yaml says why).
 */}}
 {{- define "hmw.podChangedAfterMutation" -}}
 {{- $whole := list -}}
