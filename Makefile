@@ -59,7 +59,7 @@ endif
 release-tools:  ## the release's Go tools: cosign, syft and actionlint (prints where they are)
 	@scripts/build-release-tools.sh >&2
 
-lint: setup  ## ruff, mypy over the package, devtools and tests (strict for rules, admission and the audit's engine), the import-linter contracts and actionlint
+lint: setup  ## ruff, mypy over the package, devtools and tests (strict for rules, admission and the audit's findings), the import-linter contracts and actionlint
 	$(VENV)/bin/ruff check hami_mt_webhook devtools tests
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports

@@ -14,6 +14,7 @@ from typing import Any, cast
 import pytest
 
 from devtools.clusters import manifests
+from devtools.clusters.local import LOCAL_SANS
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import certs, server
@@ -50,7 +51,7 @@ def docs() -> list[dict[str, Any]]:
 @pytest.fixture
 def certs_dir(tmp_path: Path) -> certs.Layout:
     """A CA and a serving certificate (SANs include 127.0.0.1) in a fresh directory."""
-    dns, ips = certs.split_sans(certs.LOCAL_SANS)
+    dns, ips = certs.split_sans(LOCAL_SANS)
     return certs.ensure(tmp_path / "certs", extra_dns=dns, ips=ips)
 
 

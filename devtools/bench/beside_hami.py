@@ -40,7 +40,7 @@ from devtools.gpus import pod
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.service import certs
 
-TITLE = "Peers: HAMi's webhook beside this one"
+TITLE = "Beside HAMi's webhook"
 #: HAMi's webhook path (its chart's clientConfig); ours is /mutate-pods.
 HAMI_PATH = "/webhook"
 #: The arguments HAMi's chart gives the binary that serves its webhook (values.yaml,

@@ -50,7 +50,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
     from hami_mt_webhook.service.handler import log_decision
     from hami_mt_webhook.service.metrics import Metrics
 
-    sec = Section("2. In process: the rules engine alone")
+    sec = Section("2. In process: the rules alone")
     view = ClusterView.from_nodes(cluster(opts.s5000, opts.s4000), CONFIG)
     repeat, target = (3, 0.05) if opts.quick else (7, 0.2)
     metrics = Metrics()
@@ -114,7 +114,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         "gc enabled, one thread. `review.handle` is the whole seam the server calls (orjson parse, the "
         "rules, the response with its base64 JSON Patch, orjson dump); `rules.mutate` takes the already "
         "parsed pod. *validate* is `review.handle` on /validate-pods with the admitted (patched) pod, which "
-        "the API server sends next. *metrics* and *log* are what `ReviewHandler.handle` does around "
+        "the API server sends next. *metrics* and *log* are what `ReviewHandler.answer` does around "
         "`review.handle`: `Metrics.review` and, for a patch or a denial, one JSON log line at INFO (to "
         "/dev/null here).",
         "",

@@ -28,6 +28,9 @@ from devtools.paths import CHART
 from devtools.waiting import NotWithin, until
 from hami_mt_webhook.service import certs
 
+#: What a webhook on loopback adds to its serving certificate (`certs --san`): the playground, the tests.
+LOCAL_SANS = ("localhost", "127.0.0.1", "::1")
+
 
 class LocalWebhook:
     """`hami-mt-webhook serve` in its own process, registered with the local API server."""
@@ -45,7 +48,7 @@ class LocalWebhook:
         self.extra_args = list(extra_args)
         self.env = env or {}
         self.proc: subprocess.Popen[bytes] | None = None
-        dns, ips = certs.split_sans(certs.LOCAL_SANS)  # the webhook is reached on loopback
+        dns, ips = certs.split_sans(LOCAL_SANS)  # the webhook is reached on loopback
         self.certs = certs.ensure(certs_dir or self.workdir / "certs", extra_dns=dns, ips=ips)
         self.log = self.workdir / f"webhook-{self.port}.log"
         self.kubeconfig = self.workdir / "webhook.kubeconfig"

@@ -1,14 +1,15 @@
 """Where the shipped Helm chart sets each of `serve`'s flags: the value an operator sets, or why the chart
 fixes the flag itself.
 
-One table, so that advice naming a flag (doctor's, the docs') can name the chart value beside it, and a
-test can walk `serve`'s flags and fail on any the chart cannot reach. It lives below doctor and cli, which
-both read it; the chart's templates are what it describes (tests/e2e/test_chart.py renders each value).
+One table, so that advice naming a flag (doctor's and the audit's findings) can name the chart value beside it,
+and a test can walk `serve`'s flags and fail on any the chart cannot reach (tests/test_docs.py checks the docs'
+table against it). It lives below audit and doctor, which read it; the chart's templates are what it describes
+(tests/e2e/test_chart.py renders each value).
 """
 
 from __future__ import annotations
 
-__all__ = ["VALUES", "FIXED", "flag_and_value"]
+__all__ = ["flag_and_value"]
 
 #: Each flag an operator may set, with the chart value (a dotted path of values.yaml) that sets it.
 VALUES: dict[str, str] = {

@@ -22,12 +22,11 @@ from ..rules.decision import Decision
 from ..rules.text import quote
 from . import enforcement
 from .enforcement import enforced, enforced_pod
-from .pod_webhooks import EPHEMERAL, Handler, Rule, decide
+from .pod_webhooks import Handler
 from .workloads import decide_workload, kind_of, workload_kind
 
-__all__ = ["API_VERSIONS", "EPHEMERAL", "WARN_PREFIX", "WEBHOOKS", "BadReview", "Handler", "Reply", "Route", "Rule",
-           "admit_review", "decide", "decide_workload", "enforced_pod", "handle", "handle_parsed", "handle_routed",
-           "parse", "quota_warnings", "request_of", "respond", "route", "warned"]
+__all__ = ["WARN_PREFIX", "BadReview", "Reply", "Route", "admit_review", "enforced_pod", "handle", "handle_parsed",
+           "handle_routed", "parse", "route", "warned"]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
 REASONS = {400: "BadRequest", 403: "Forbidden", 503: "ServiceUnavailable"}

@@ -1,4 +1,4 @@
-"""What admission never saw, judged by the steps admission uses: one engine for the audit and `doctor`.
+"""What admission never saw, judged by the steps admission uses: one judgement for the audit and `doctor`.
 
 Admission judges what is created from now on. What already exists is judged here: every pod not finished (one
 created before the install or while the webhook was unreachable, in a namespace the webhooks skip, naming a
@@ -31,9 +31,8 @@ from ..rules.shape import asks_for_slices
 from .objects import Obj, Subject, controller_of, mapping, metadata, name_of, namespace_of
 from .registrations import Modes
 
-__all__ = ["CAPACITY_RULE", "FAIL", "MIGRATION", "PASS", "POD_HANDLER", "SCHEDULER_RULE", "WARN",
-           "WORKLOAD_HANDLER", "Audit", "Auditing", "NotReady", "Result", "Snapshot", "as_created", "audit",
-           "capacity_results", "counted", "node_results", "pod_results", "scheduler_result", "workload_results"]
+__all__ = ["CAPACITY_RULE", "FAIL", "MIGRATION", "SCHEDULER_RULE", "WARN", "Audit", "Auditing", "NotReady", "Result",
+           "Snapshot", "audit", "counted"]
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 #: The handlers whose registrations give a pod's and a workload's namespace its mode.

@@ -6,8 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Obj", "Subject", "controller_of", "labels_of", "mapping", "metadata", "name_of", "namespace_of", "ref",
-           "sequence"]
+__all__ = ["Obj", "Subject", "mapping", "metadata", "name_of", "namespace_of", "ref", "sequence"]
 
 Obj = dict[str, Any]
 
@@ -36,9 +35,6 @@ def namespace_of(obj: Mapping[str, Any]) -> str:
 def ref(obj: Mapping[str, Any]) -> str:
     return f"{namespace_of(obj)}/{name_of(obj)}" if namespace_of(obj) else name_of(obj)
 
-
-def labels_of(obj: Mapping[str, Any]) -> Mapping[str, Any]:
-    return mapping(metadata(obj).get("labels"))
 
 
 def controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:

@@ -20,7 +20,7 @@ from ..rules.config import Config
 from ..rules.selectors import selector_matches
 from .objects import Obj, mapping, metadata, name_of, sequence
 
-__all__ = ["NAME_LABEL", "Modes", "handler_of", "registered", "shipped_webhooks", "webhooks_of"]
+__all__ = ["registered", "shipped_webhooks"]
 
 #: The label the API server sets on every namespace with its name; selectors of ours match on it.
 NAME_LABEL = "kubernetes.io/metadata.name"

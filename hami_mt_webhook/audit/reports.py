@@ -17,8 +17,7 @@ from typing import Any
 from .findings import FAIL, WARN, Audit, Result
 from .objects import Obj, mapping, metadata, name_of, namespace_of, sequence
 
-__all__ = ["API_VERSION", "GROUP", "MANAGED", "MOST_RESULTS", "POLICY", "REPORT", "SOURCE", "Plan",
-           "by_namespace", "desired", "plan", "report"]
+__all__ = ["API_VERSION", "MANAGED", "REPORT", "by_namespace", "desired", "plan"]
 
 GROUP = "wgpolicyk8s.io"
 API_VERSION = f"{GROUP}/v1alpha2"

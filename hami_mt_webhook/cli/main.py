@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     _flag(dr, settings.DOCTOR_KUBECONFIG, settings.DOCTOR_KUBECONFIG.read())
     dr.add_argument("-o", "--output", choices=["text", "json"], default="text",
                     help="json: one JSON object per finding, one per line")
-    dr.add_argument("--pending-minutes", type=float, default=5.0,
+    dr.add_argument("--pending-minutes", type=float, default=settings.PENDING_MINUTES,
                     help="a pod that no scheduler has tried to place for this long means nothing answers to "
-                         "its scheduler name [5]")
+                         f"its scheduler name [{settings.PENDING_MINUTES:g}]")
     _config_flags(dr)
 
     ct = sub.add_parser("certs", help="create or rotate the CA and serving certificate",
@@ -109,13 +109,16 @@ def build_parser() -> argparse.ArgumentParser:
                                     "if present), and the webhook configurations with the CA bundle filled "
                                     "in.")
     ct.add_argument("--dir", default=DEFAULT_CERTS, help=f"certificate directory [{DEFAULT_CERTS}]")
-    ct.add_argument("--service", default="hami-mt-webhook", help="Service name for the DNS SANs")
-    ct.add_argument("--namespace", default="hami-mt-webhook", help="Service namespace for the DNS SANs")
+    ct.add_argument("--service", default=settings.CERTS_SERVICE,
+                    help=f"Service name for the DNS SANs [{settings.CERTS_SERVICE}]")
+    ct.add_argument("--namespace", default=settings.CERTS_NAMESPACE,
+                    help=f"Service namespace for the DNS SANs [{settings.CERTS_NAMESPACE}]")
     ct.add_argument("--san", action="append", default=None, metavar="NAME_OR_IP",
                     help="an extra DNS name or IP address for the serving certificate, beyond the Service's "
                          "(e.g. 127.0.0.1 for a webhook on loopback); repeatable; with --rotate, the current "
                          "certificate's extra names are kept unless given")
-    ct.add_argument("--days", type=float, default=365, help="serving certificate lifetime in days [365]")
+    ct.add_argument("--days", type=float, default=settings.CERTS_DAYS,
+                    help=f"serving certificate lifetime in days [{settings.CERTS_DAYS:g}]")
     ct.add_argument("--rotate", action="store_true",
                     help="renew the serving certificate if 2/3 of its lifetime has passed")
     ct.add_argument("--force", action="store_true", help="with --rotate: renew now")

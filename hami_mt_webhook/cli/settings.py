@@ -17,10 +17,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..rules.config import ENFORCEMENTS, Config
+from ..service import certs
 from ..service.connections import DEFAULT_LIMITS
 
 #: Where `certs` writes, and so where `serve` looks by default.
 DEFAULT_CERTS = "certs"
+#: `certs`: the Service and namespace its certificate names, and the serving certificate's lifetime in days.
+CERTS_SERVICE, CERTS_NAMESPACE, CERTS_DAYS = certs.SERVICE, certs.NAMESPACE, certs.SERVING_DAYS
+#: `doctor`: minutes after which a pod no scheduler has tried to place means nothing answers to its scheduler.
+PENDING_MINUTES = 5.0
 
 
 @dataclass(frozen=True)

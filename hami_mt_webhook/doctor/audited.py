@@ -1,5 +1,5 @@
 """What the audit judges, as doctor's findings: read off the audit's PolicyReports where the replicas publish
-them, else judged here by the same engine (`audit.findings`) over what doctor read, so both say the same."""
+them, else judged here by the same judgement (`audit.findings`) over what doctor read, so both say the same."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ from ..audit.objects import Subject, mapping, sequence
 from ..rules.capacity import ClusterView
 from .model import Cluster, Finding, Settings, live_pods
 
-__all__ = ["admission", "capacity", "results", "slice_pods"]
-
 
 def results(cluster: Cluster, settings: Settings) -> list[Result]:
-    """The audit's findings: its reports' results when there are any, else the engine's over `cluster`."""
+    """The audit's findings: its reports' results when there are any, else `audit.findings` over `cluster`."""
     if cluster.reports:
         return [_result(r) for report in cluster.reports for r in sequence(report.get("results"))
                 if isinstance(r, dict)]

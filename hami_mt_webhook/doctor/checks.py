@@ -8,23 +8,18 @@ from __future__ import annotations
 
 from .audited import admission, capacity, slice_pods
 from .cert_manager import cert_manager
-from .components import hami_memory_per_card, hami_webhook, kubernetes_version, scheduler, vendor
+from .components import hami_webhook, kubernetes_version, scheduler, vendor
 from .model import (
-    VENDOR_COMPONENTS,
     Check,
     Cluster,
     Finding,
-    Served,
     Settings,
-    endpoint,
-    endpoint_host,
 )
 from .nodes import labels, whole_and_sliced
 from .pod_checks import quota
 from .registration import availability, registration
 
-__all__ = ["CHECKS", "VENDOR_COMPONENTS", "Check", "Cluster", "Finding", "Served", "Settings", "endpoint",
-           "endpoint_host", "hami_memory_per_card", "kubernetes_version", "run"]
+__all__ = ["CHECKS", "Settings", "run"]
 
 
 #: Every check, in the order its findings are printed.

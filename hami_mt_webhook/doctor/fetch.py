@@ -200,7 +200,7 @@ def read(api: Api, *, now: dt.datetime | None = None, probe: Probe = probe) -> C
 
 def _audit_reports(api: Api, cluster: Cluster) -> None:
     """The audit's own PolicyReports and ClusterPolicyReport, where their CRDs are installed and readable;
-    otherwise why not (the checks then judge with the audit's engine themselves)."""
+    otherwise why not (the checks then judge with the audit's findings themselves)."""
     selector = f"{reports.MANAGED[0]}={reports.MANAGED[1]}"
     for plural in ("policyreports", "clusterpolicyreports"):
         status, body = api.get(f"/apis/{reports.API_VERSION}/{plural}", [("labelSelector", selector)])

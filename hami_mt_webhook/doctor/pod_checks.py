@@ -1,4 +1,4 @@
-"""Quotas that count nothing, and slice pods admitted around the webhook."""
+"""Quotas that count nothing (SPEC 4.9)."""
 
 from __future__ import annotations
 

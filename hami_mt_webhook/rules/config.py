@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ANNOTATION_OWNERS", "BIND_ANNOTATIONS", "CARD_SIZES", "CORES_PER_CARD", "Config", "ENFORCEMENTS",
-           "HAMI_NAMESPACE", "HAMI_SERVICE_ACCOUNTS", "service_accounts"]
+__all__ = ["CARD_SIZES", "CORES_PER_CARD", "Config", "ENFORCEMENTS", "HAMI_NAMESPACE", "HAMI_SERVICE_ACCOUNTS"]
 
 #: Annotations hami-scheduler and the device plugins own, written when a pod is bound and its cards handed
 #: out: no pod may arrive carrying them, and only their owners may change them (SPEC.md §4.6).

@@ -45,11 +45,6 @@ class Patch:
         self.changes: list[Change] = []
         self._own: set[int] = set()  # ids of containers copied by this patch, safe to write into
 
-    @property
-    def ops(self) -> list[dict[str, Any]]:
-        """The changes as JSON Patch."""
-        return json_patch(self.changes)
-
     def set(self, path: Path, value: Any) -> None:
         """Make `path` hold `value`, creating missing parents with one `add` of the nested value."""
         node = self.result

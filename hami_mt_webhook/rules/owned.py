@@ -12,7 +12,7 @@ from typing import Any
 from .config import Config
 from .decision import Decision, Denied
 
-__all__ = ["changed", "created", "updated"]
+__all__ = ["updated"]
 
 
 def _annotations(pod: Any) -> dict[str, Any]:

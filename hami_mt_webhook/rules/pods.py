@@ -35,8 +35,7 @@ from .slots import (
 )
 from .text import quote
 
-__all__ = ["DEFAULT_SCHEDULER", "IGNORE_LABEL", "Decision", "Denied", "Patch", "defaulted", "ephemeral",
-           "ignores_mutation", "mutate", "validate"]
+__all__ = ["defaulted", "ephemeral", "ignores_mutation", "mutate", "validate"]
 
 @dataclass(frozen=True)
 class Plan:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["labels_match", "requirement", "selector_matches", "term_matches", "webhook_called"]
+__all__ = ["labels_match", "selector_matches", "webhook_called"]
 
 
 def labels_match(wanted: Mapping[Any, Any], labels: Mapping[str, Any]) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 from .config import Config
 
-__all__ = ["GROUPS", "PARTS", "asks_for_slices", "containers", "named", "privileged", "resources", "sidecar"]
+__all__ = ["GROUPS", "asks_for_slices", "containers", "named", "privileged", "resources"]
 
 #: The pod spec's lists of containers that take resources, in the order they start.
 GROUPS = ("initContainers", "containers")

@@ -38,7 +38,7 @@ from ..rules.text import clip
 from .state import State
 from .watch import Login, session
 
-__all__ = ["AuditSettings", "Auditor", "EventLimit", "Lease"]
+__all__ = ["AuditSettings"]
 
 logger = logging.getLogger("hami_mt_webhook")
 T = TypeVar("T")

@@ -19,11 +19,13 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-__all__ = ["KeyPair", "Layout", "LOCAL_SANS", "new_ca", "issue", "split_sans", "write_atomic", "write_pair",
-           "ensure", "rotate", "expiry"]
+__all__ = ["NAMESPACE", "SERVICE", "SERVING_DAYS", "KeyPair", "Layout", "new_ca", "issue", "split_sans",
+           "write_atomic", "write_pair", "ensure", "rotate", "expiry"]
 
 CA_DAYS = 3650
 SERVING_DAYS = 365
+#: The Service whose DNS names the serving certificate carries, and its namespace, unless told otherwise.
+SERVICE = NAMESPACE = "hami-mt-webhook"
 #: A serving certificate is renewed once this share of its lifetime has passed.
 RENEW_AT = 2 / 3
 
@@ -110,9 +112,6 @@ def service_names(service: str, namespace: str) -> list[str]:
             f"{service}.{namespace}.svc.cluster.local"]
 
 
-#: What the local playground and the tests add (`certs --san`): the webhook on loopback.
-LOCAL_SANS = ("localhost", "127.0.0.1", "::1")
-
 
 def split_sans(names: Iterable[str]) -> tuple[list[str], list[str]]:
     """Extra subject alternative names as (DNS names, IP addresses)."""
@@ -171,7 +170,7 @@ class Layout:
     def tls_key(self) -> Path: return self.root / "tls.key"
 
 
-def ensure(root: Path, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
+def ensure(root: Path, service: str = SERVICE, namespace: str = NAMESPACE,
            extra_dns: Iterable[str] = (), days: float = SERVING_DAYS, ips: Iterable[str] = ()) -> Layout:
     """Create the CA and serving certificate if missing; keep what is there.
 
@@ -207,7 +206,7 @@ def due(cert: x509.Certificate, now: dt.datetime | None = None) -> bool:
     return now >= start + (end - start) * RENEW_AT
 
 
-def rotate(root: Path, *, service: str = "hami-mt-webhook", namespace: str = "hami-mt-webhook",
+def rotate(root: Path, *, service: str = SERVICE, namespace: str = NAMESPACE,
            extra_dns: Iterable[str] | None = None, days: float = SERVING_DAYS, force: bool = False,
            new_authority: bool = False, drop_old: bool = False,
            ips: Iterable[str] | None = None) -> list[str]:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from .http11 import CONTINUE, Answer, BadRequest, Head, answer, error_answer, head_end
 
-__all__ = ["DEFAULT_LIMITS", "SHED_ORDER", "SILENT_GRACE", "Conn", "Host", "Limits", "Peer", "Phase", "Responder"]
+__all__ = ["DEFAULT_LIMITS"]
 
 logger = logging.getLogger("hami_mt_webhook")
 

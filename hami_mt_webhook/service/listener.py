@@ -115,16 +115,6 @@ class Listener:
         self._big_at: float | None = None  # when the last large body was done with, since the last trim
 
     @property
-    def refused(self) -> int:
-        """Connections closed on arrival (every connection busy, or draining)."""
-        return self.closed["refused"]
-
-    @property
-    def cut_off(self) -> int:
-        """Connections closed for missing a deadline (a handshake, a request, an answer not read)."""
-        return sum(n for reason, n in self.closed.items() if reason.startswith("deadline"))
-
-    @property
     def connections(self) -> int:
         """Open connections, TLS handshakes included."""
         return self._count

@@ -36,7 +36,7 @@ from .peerview import CONDITION, Outcomes, Replica, Timing, Verdict, View, dispu
 from .state import State
 from .watch import Feed, Login, Watch, session
 
-__all__ = ["Failover", "Peers"]
+__all__ = ["Failover"]
 
 logger = logging.getLogger("hami_mt_webhook")
 

@@ -32,8 +32,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CONDITION", "MIN_PROBES", "Outcomes", "Replica", "Timing", "Verdict", "View", "disputed", "judge",
-           "replica"]
+__all__ = ["CONDITION", "MIN_PROBES", "Timing"]
 
 #: The readiness gate's condition type, set on a replica's pod status by the replicas themselves.
 CONDITION = "hami-mt.mthreads.com/answering"

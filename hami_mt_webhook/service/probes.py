@@ -15,7 +15,7 @@ from .http11 import Answer, Head, parse_get
 from .listener import Listener
 from .state import State
 
-__all__ = ["ProbeResponder", "listen", "livez", "metrics", "readyz", "routes", "stop"]
+__all__ = ["listen", "routes", "stop"]
 
 TEXT = b"text/plain; charset=utf-8"
 PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"

@@ -1,6 +1,6 @@
 """The record (hami_mt_webhook/rules/record.py) and the validating webhook's matchCondition that rebuilds it in CEL.
 
-The CEL is the manifest's own text, evaluated with `common-expression-language`. That engine lacks the
+The CEL is the manifest's own text, evaluated with `common-expression-language`. That evaluator lacks the
 Kubernetes strings library, so `join` is supplied here with the library's meaning (list<string>.join(sep)).
 Generated pods check that the CEL string is the Python record, that the record holds everything the
 validating rules read, and that the mutating webhook's own output is never sent on.

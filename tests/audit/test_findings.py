@@ -1,4 +1,4 @@
-"""The audit's engine: existing objects judged as admission would judge them, in their namespace's mode."""
+"""The audit's findings: existing objects judged as admission would judge them, in their namespace's mode."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from hami_mt_webhook.doctor import cert_manager, fetch
-from hami_mt_webhook.doctor.checks import Cluster, Finding, Served, Settings
+from hami_mt_webhook.doctor.checks import Cluster, Finding, Settings
+from hami_mt_webhook.doctor.model import Served
 from hami_mt_webhook.service import certs
 
 from .test_checks import NOW, NS, clean, found, registered

@@ -10,8 +10,9 @@ from typing import Any
 import pytest
 
 from hami_mt_webhook.admission import configurations
-from hami_mt_webhook.doctor import checks
-from hami_mt_webhook.doctor.checks import Cluster, Served, Settings
+from hami_mt_webhook.doctor import checks, components, model
+from hami_mt_webhook.doctor.checks import Cluster, Settings
+from hami_mt_webhook.doctor.model import Served
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import certs
 
@@ -121,7 +122,7 @@ def test_a_finding_prints_as_one_line_and_as_json():
 
 # --- vendor ------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", checks.VENDOR_COMPONENTS)
+@pytest.mark.parametrize("name", model.VENDOR_COMPONENTS)
 def test_a_vendor_deployment_in_any_namespace_is_found(name):
     cluster = clean()
     cluster.deployments.append({"metadata": {"name": name, "namespace": "mt-gpu-operator"},
@@ -231,7 +232,7 @@ def test_a_double_mutation_needs_this_webhook_registered_too():
 
 def test_hami_memory_per_card_accepts_a_legacy_scalar():
     configmap = {"data": {"device-config.yaml": "mthreads:\n  memoryPerCard: 160\n"}}
-    assert checks.hami_memory_per_card(configmap) == [160]
+    assert components.hami_memory_per_card(configmap) == [160]
 
 
 # --- the scheduler ---------------------------------------------------------------------------------------
@@ -453,11 +454,11 @@ def test_a_certificate_that_could_not_be_read_is_a_note():
 
 
 def test_endpoint_keys():
-    assert checks.endpoint({"url": "https://[::1]:9443/mutate-pods"}) == "https://[::1]:9443"
-    assert checks.endpoint({"url": "https://webhook.example.com/x"}) == "https://webhook.example.com:443"
-    assert checks.endpoint({"service": {"namespace": "a", "name": "b"}}) == "service a/b:443"
+    assert model.endpoint({"url": "https://[::1]:9443/mutate-pods"}) == "https://[::1]:9443"
+    assert model.endpoint({"url": "https://webhook.example.com/x"}) == "https://webhook.example.com:443"
+    assert model.endpoint({"service": {"namespace": "a", "name": "b"}}) == "service a/b:443"
     service = {"namespace": "a", "name": "b", "port": 8443}
-    assert checks.endpoint_host({"service": service}) == ("b.a.svc", 8443)
+    assert model.endpoint_host({"service": service}) == ("b.a.svc", 8443)
 
 
 # --- availability -------------------------------------------------------------------------------------------
@@ -595,7 +596,7 @@ def test_kubernetes_version_below_the_floor_acts_and_above_the_newest_tested_not
 
 
 def test_existing_pods_and_deployments_admission_would_refuse_are_named_with_its_message():
-    """Without the audit's reports, doctor judges with the audit's engine: what admission would say now."""
+    """Without the audit's reports, doctor judges with the audit's findings: what admission would say now."""
     cluster = clean()
     cluster.namespaces.append({"metadata": {"name": "trial", "labels": {"hami.io/enforcement": "warn"}}})
     too_many = {VGPU: "1", MEMORY: "32", CORE: "17"}

@@ -102,7 +102,7 @@ def test_a_pod_admission_never_saw_fails_in_its_report_until_recreated_through_t
     assert appeared <= 1.5 * INTERVAL, appeared  # within one interval (and the pass's own time)
     assert metric(auditor, "hami_mt_webhook_audit_violations", rule="slice-pods", namespace=OLD_NS) == 1
     assert metric(auditor, "hami_mt_webhook_audit_leader") == 1
-    # doctor says the same, read off the report (one engine: the audit's)
+    # doctor says the same, read off the report (one judgement: the audit's)
     capsys.readouterr()
     assert cli.main(["doctor", "--kubeconfig", str(cp.kubeconfig), "-o", "json"]) in (0, 1)
     said = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

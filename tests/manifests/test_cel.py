@@ -108,8 +108,8 @@ def cel() -> Any:
     return pytest.importorskip("cel", reason="common-expression-language is not installed")
 
 
-def test_cel_engine_is_strict_about_missing_fields(cel: Any) -> None:
-    """The guards below are only proven if an unguarded read fails in this engine, as it does in cel-go."""
+def test_cel_evaluator_is_strict_about_missing_fields(cel: Any) -> None:
+    """The guards below are only proven if an unguarded read fails in this evaluator, as it does in cel-go."""
     with pytest.raises(KeyError):
         cel.evaluate("object.spec.initContainers.exists(c, true)", {"object": NOT_SENT["no-resources"]})
     with pytest.raises(KeyError):

@@ -4,7 +4,7 @@ import copy
 
 import jsonpatch
 
-from hami_mt_webhook.rules.decision import Patch, pointer
+from hami_mt_webhook.rules.decision import Patch, json_patch, pointer
 
 
 def test_pointer_escapes_slash_and_tilde():
@@ -18,7 +18,7 @@ def check(original, build):
     patch = Patch(original)
     build(patch)
     assert original == before, "the original must not change"
-    ops = copy.deepcopy(patch.ops)  # jsonpatch inserts op values by reference and may grow them
+    ops = copy.deepcopy(json_patch(patch.changes))  # jsonpatch inserts op values by reference and may grow them
     assert jsonpatch.apply_patch(original, ops) == patch.result
     return patch
 
@@ -26,17 +26,19 @@ def check(original, build):
 def test_missing_parents_become_one_add():
     p = check({"spec": {"containers": [{"name": "c"}]}},
               lambda p: p.update(("spec", "containers", 0, "resources", "limits"), {"a/b": "1", "c": "2"}))
-    assert p.ops == [{"op": "add", "path": "/spec/containers/0/resources", "value": {"limits": {"a/b": "1", "c": "2"}}}]
+    assert json_patch(p.changes) == [
+        {"op": "add", "path": "/spec/containers/0/resources", "value": {"limits": {"a/b": "1", "c": "2"}}}]
 
 
 def test_existing_keys_are_replaced_and_new_ones_added():
     p = check({"m": {"x": "1", "y": "2"}}, lambda p: p.update(("m",), {"x": "1", "y": "3", "z": "4"}))
-    assert p.ops == [{"op": "replace", "path": "/m/y", "value": "3"}, {"op": "add", "path": "/m/z", "value": "4"}]
+    assert json_patch(p.changes) == [{"op": "replace", "path": "/m/y", "value": "3"},
+                                     {"op": "add", "path": "/m/z", "value": "4"}]
 
 
 def test_null_parents_are_replaced():
     p = check({"r": {"limits": None}}, lambda p: p.set(("r", "limits", "k"), "1"))
-    assert p.ops == [{"op": "replace", "path": "/r/limits", "value": {"k": "1"}}]
+    assert json_patch(p.changes) == [{"op": "replace", "path": "/r/limits", "value": {"k": "1"}}]
 
 
 def test_only_changed_paths_are_copied():
@@ -51,5 +53,5 @@ def test_later_writes_under_an_added_value_do_not_alter_the_earlier_op():
         p.set(("meta", "annotations", "a"), "1")
         p.set(("meta", "annotations", "b"), "2")
     p = check({"meta": {}}, build)
-    assert p.ops[0] == {"op": "add", "path": "/meta/annotations", "value": {"a": "1"}}
+    assert json_patch(p.changes)[0] == {"op": "add", "path": "/meta/annotations", "value": {"a": "1"}}
     assert p.result == {"meta": {"annotations": {"a": "1", "b": "2"}}}

@@ -23,7 +23,7 @@ from hami_mt_webhook.service.peers import Failover, Peers
 from hami_mt_webhook.service.peerview import Replica, Verdict, View
 from hami_mt_webhook.service.state import State
 from tests.builders import nodes_view
-from tests.service.test_listener import eventually
+from tests.service.test_listener import cut_off, eventually
 
 FAST = Limits(drain_seconds=0.3, shutdown_timeout=0.3)
 
@@ -84,7 +84,7 @@ async def test_metrics_are_prometheus_text_and_count_the_probe_ports_connections
     async with serve_probes(state, Limits(request_timeout=0.2)) as probe:
         _, writer = await asyncio.open_connection("127.0.0.1", probe.port)
         writer.write(b"GET /metrics HTTP/1.1\r\n")  # and nothing more: cut at the request deadline
-        await eventually(lambda: probe.cut_off == 1)
+        await eventually(lambda: cut_off(probe) == 1)
         writer.close()
         status, headers, body = await get(probe.port, "/metrics?x=1")
     assert status == 200 and headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
