@@ -18,7 +18,7 @@ from devtools.clusters.local import LOCAL_SANS
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import certs, server
-from hami_mt_webhook.service.listener import Limits
+from hami_mt_webhook.service.connections import Limits
 from hami_mt_webhook.service.state import State
 from tests.builders import make_pod as _make_pod
 from tests.builders import nodes_view as _nodes_view

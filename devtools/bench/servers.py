@@ -28,7 +28,7 @@ from devtools.gpus import CONFIG
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.service import certs
-from hami_mt_webhook.service.listener import Limits
+from hami_mt_webhook.service.connections import Limits
 
 
 @dataclass

@@ -174,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..service import app, logs, server
-    from ..service.listener import Limits
+    from ..service.connections import Limits
     from ..service.state import State
 
     logs.setup(args.log_level, args.log_format)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from .http11 import CONTINUE, Answer, BadRequest, Head, answer, error_answer, head_end
 
-__all__ = ["DEFAULT_LIMITS"]
+__all__ = ["DEFAULT_LIMITS", "Limits"]
 
 logger = logging.getLogger("hami_mt_webhook")
 

@@ -57,8 +57,6 @@ from collections.abc import Callable
 
 from .connections import SHED_ORDER, SILENT_GRACE, Conn, Limits, Peer, Phase, Responder
 
-__all__ = ["Limits"]
-
 logger = logging.getLogger("hami_mt_webhook")
 
 #: How long past its idle deadline a kept-alive connection with unread bytes is left to be read.

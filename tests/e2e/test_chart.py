@@ -32,7 +32,7 @@ from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings
 from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
-from hami_mt_webhook.service.listener import Limits
+from hami_mt_webhook.service.connections import Limits
 from hami_mt_webhook.service.peerview import CONDITION
 
 from .support import ON_THE_FLOOR, pod

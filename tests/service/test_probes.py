@@ -18,7 +18,8 @@ from devtools.procs import free_ports
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.service import probes
-from hami_mt_webhook.service.listener import Limits, Listener
+from hami_mt_webhook.service.connections import Limits
+from hami_mt_webhook.service.listener import Listener
 from hami_mt_webhook.service.peers import Failover, Peers
 from hami_mt_webhook.service.peerview import Replica, Verdict, View
 from hami_mt_webhook.service.state import State
