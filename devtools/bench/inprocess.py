@@ -47,7 +47,7 @@ def per_call(fn: Callable[[], Any], repeat: int, target: float) -> float:
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
     from hami_mt_webhook.service import logs
-    from hami_mt_webhook.service.handler import log_decision
+    from hami_mt_webhook.service.endpoint import log_decision
     from hami_mt_webhook.service.metrics import Metrics
 
     sec = Section("2. In process: the rules alone")
@@ -114,7 +114,7 @@ def run(opts: argparse.Namespace, workdir: Path) -> Section:
         "gc enabled, one thread. `review.handle` is the whole seam the server calls (orjson parse, the "
         "rules, the response with its base64 JSON Patch, orjson dump); `rules.mutate` takes the already "
         "parsed pod. *validate* is `review.handle` on /validate-pods with the admitted (patched) pod, which "
-        "the API server sends next. *metrics* and *log* are what `ReviewHandler.answer` does around "
+        "the API server sends next. *metrics* and *log* are what `ReviewEndpoint.answer` does around "
         "`review.handle`: `Metrics.review` and, for a patch or a denial, one JSON log line at INFO (to "
         "/dev/null here).",
         "",

@@ -37,7 +37,7 @@ class Limits:
 
     handshake_timeout: float = 5.0  # accept -> TLS handshake finished
     idle_timeout: float = 10.0  # waiting for a request's first byte; kube-apiserver reopens as it needs
-    request_timeout: float = 10.0  # first byte -> whole request read, and again for the handler's answer
+    request_timeout: float = 10.0  # first byte -> whole request read, and again for the responder's answer
     write_timeout: float = 10.0  # the answer written out (a client that does not read it is cut)
     max_connections: int = 1024  # TLS handshakes in progress included
     max_handshakes: int = 256  # of those, handshakes under way (each holds TLS buffers); the oldest gives way
@@ -102,7 +102,7 @@ class Peer:
 
 
 class Responder(Protocol):
-    """What answers a request: the admission handler (`handler.ReviewHandler`), or the probes
+    """What answers a request: the admission endpoint (`endpoint.ReviewEndpoint`), or the probes
     (`probes.ProbeResponder`); each reads the heads it takes (`parse`) and names its method (`allow`)."""
 
     big_lane: asyncio.Semaphore
@@ -280,7 +280,7 @@ class Conn:
         self._write(head, self.host.responder.answer(head, body))
 
     async def _answer_big(self, head: Head) -> None:
-        """A large body: read it once the big lane has room, answer it off the loop (`handler`)."""
+        """A large body: read it once the big lane has room, answer it off the loop (`endpoint`)."""
         responder = self.host.responder
         try:
             async with responder.big_lane:

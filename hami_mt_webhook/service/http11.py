@@ -53,7 +53,7 @@ class Head:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What a handler answers: a status and a body (JSON, unless a probe's); `close` ends the connection after
+    """What a responder answers: a status and a body (JSON, unless a probe's); `close` ends the connection after
     it."""
 
     status: int

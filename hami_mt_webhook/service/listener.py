@@ -10,7 +10,7 @@ Each connection is in one phase at a time, and each phase has a deadline:
     new        waiting for the first request's first byte   idle_timeout
     idle       kept alive, waiting for the next request     idle_timeout
     reading    first byte seen, request not read whole      request_timeout (headers and body)
-    busy       the handler works on the request             request_timeout
+    busy       the responder works on the request           request_timeout
     writing    the answer is being written                  write_timeout
 
 A connection past its deadline is aborted (no graceful TLS close, which a hostile peer would never

@@ -3,7 +3,7 @@
 kopf accepts any callable taking its webhook function and yielding client configs
 (`settings.admission.server`); it then owns the server's lifecycle: started with the operator,
 cancelled on SIGTERM. kopf's own servers are not used: their handler runs reviews through kopf's
-generic admission machinery, while ours hands the bytes to `admission.review` (see `handler`), and
+generic admission machinery, while ours hands the bytes to `admission.review` (see `endpoint`), and
 ours adds the listener's limits (`listener`) and certificates reloaded in place (`tls`). So kopf's
 `fn` is accepted and never called.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import kopf
 
 from .connections import DEFAULT_LIMITS, Limits
-from .handler import ReviewHandler
+from .endpoint import ReviewEndpoint
 from .listener import Listener
 from .state import State
 from .tls import CertReloader
@@ -48,9 +48,9 @@ class AdmissionServer:
         """Serve until cancelled; yields the client config once, as kopf's protocol asks."""
         context = self.certificates.load()
         # /<id>, and /warn/<id> in rollout mode (SPEC.md §4.10)
-        handler = ReviewHandler(self.state, self.limits)
+        endpoint = ReviewEndpoint(self.state, self.limits)
         metrics = self.state.metrics
-        self.listener = listener = Listener(handler, self.addr or "0.0.0.0", self.port or 0, context,
+        self.listener = listener = Listener(endpoint, self.addr or "0.0.0.0", self.port or 0, context,
                                             self.limits, on_close=metrics.connection_closed)
         metrics.connections.set_function(lambda: listener.connections)
         await listener.start()
@@ -71,4 +71,4 @@ class AdmissionServer:
             self.state.serving = False
             logger.info("draining: no new connections, finishing in-flight reviews")
             await asyncio.shield(listener.stop())
-            handler.close()
+            endpoint.close()

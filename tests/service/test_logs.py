@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 
 from hami_mt_webhook.rules.decision import Change, Decision
-from hami_mt_webhook.service.handler import log_decision
+from hami_mt_webhook.service.endpoint import log_decision
 from hami_mt_webhook.service.logs import JsonLines
 from tests.builders import MEMORY, VGPU, WHOLE, container, make_pod, review_body
 

@@ -1,4 +1,4 @@
-"""The HTTP handler: an AdmissionReview's bytes in, the answer out, with its metrics and log line.
+"""The admission endpoint: an AdmissionReview's bytes in, the answer out, with its metrics and log line.
 
 The rules are not here: each body goes straight to `admission.review`, the same code `review` and
 the tests use. What is here is what only a server has: Content-Encoding, large bodies decoded off the
@@ -28,7 +28,7 @@ __all__ = ["log_decision"]
 logger = logging.getLogger("hami_mt_webhook")
 
 
-class ReviewHandler:
+class ReviewEndpoint:
     """Answers POST /{webhook}: small bodies on the event loop, large ones decoded in a thread."""
 
     allow = b"POST"
