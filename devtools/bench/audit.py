@@ -40,7 +40,7 @@ from devtools.clusters.helm_release import NAMESPACE
 from devtools.gpus import MEMORY, S4000, S5000, VGPU
 from devtools.load import fleet
 from devtools.paths import CHART
-from hami_mt_webhook.admission.enforcement import enforced_pod
+from hami_mt_webhook.admission.enforcement import admit_pod
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 
@@ -114,7 +114,7 @@ def template() -> dict[str, Any]:
 def admitted_form() -> dict[str, Any]:
     """What the mutating webhook makes of `template()` (hami-scheduler, requests equal to limits, the record)."""
     view = ClusterView([S5000.report("s5000"), S4000.report("s4000")])
-    decision = enforced_pod(template(), view, Config())
+    decision = admit_pod(template(), view, Config())
     assert decision.allowed, decision.message
     return dict(decision.object)
 

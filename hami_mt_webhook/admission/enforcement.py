@@ -1,7 +1,7 @@
 """Rollout mode (SPEC.md §4.10): under `warn`, a rule's denial becomes the warning `would deny: <message>`.
 
 The rules always decide as under `deny`; this layer wraps the pod webhooks' steps (admission.pod_webhooks) and
-rewrites their decisions, and `enforced` chains the wrapped steps with `pod_webhooks.chain`. For the mutating
+rewrites their decisions, and `admit` chains the wrapped steps with `pod_webhooks.in_turn`. For the mutating
 webhook a warning alone is not enough: the pod must still be mutated as far as the rules can, so that
 turning `deny` on later changes nothing but the answer for the pods that were warned about. `mutating`
 gets there by asking the step again about a copy of the pod in which each denied part is set aside (a
@@ -27,9 +27,9 @@ from ..rules.decision import Decision, Patch
 from ..rules.shape import GROUPS, asks_for_slices, containers, named, privileged, resources
 from ..rules.slots import rewritten
 from . import pod_webhooks
-from .pod_webhooks import Handler, chain, mutate_pods, validate_pods
+from .pod_webhooks import Handler, in_turn, mutate_pods, validate_pods
 
-__all__ = ["WOULD_DENY", "enforced_pod", "soften"]
+__all__ = ["WOULD_DENY", "admit_pod", "soften"]
 
 WARN = "warn"
 #: The prefix of every warning that stands for a denial under `warn`.
@@ -95,7 +95,7 @@ def _partial(step: Handler, request: dict[str, Any], decision: Decision, view: C
 
 
 def merge(mutated: Decision, checked: Decision) -> Decision:
-    """`chain`'s join under `warn`: the mutating answer followed by the validating one, each warning once (as
+    """`in_turn`'s join under `warn`: the mutating answer followed by the validating one, each warning once (as
     kubectl prints them), and a denial the mutating step already warned of counted once."""
     new = [w for w in checked.warnings if w not in mutated.warnings]
     if not checked.allowed:
@@ -109,20 +109,20 @@ def merge(mutated: Decision, checked: Decision) -> Decision:
 #: The pod webhooks' steps as the server's table answers them, each under the configured enforcement.
 mutate_step = mutating(mutate_pods)
 validate_step = validating(validate_pods)
-_warned_request = chain(mutate_step, validate_step, merge)
+_admit_warned = in_turn(mutate_step, validate_step, merge)
 
 
-def enforced(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
+def admit(request: dict[str, Any], view: ClusterView, config: Config) -> Decision:
     """Both pod webhooks for one request, as the API server calls them, under the configured enforcement:
     in rollout mode (`warn`) rule denials are warnings and the pod is still mutated."""
     if config.enforcement != WARN:
-        return pod_webhooks.mutate_then_validate(request, view, config)
-    return _warned_request(request, view, config)
+        return pod_webhooks.admit(request, view, config)
+    return _admit_warned(request, view, config)
 
 
-def enforced_pod(pod: Any, view: ClusterView, config: Config) -> Decision:
-    """`enforced` for a pod being created."""
-    return enforced({"operation": "CREATE", "object": pod}, view, config)
+def admit_pod(pod: Any, view: ClusterView, config: Config) -> Decision:
+    """`admit` for a pod being created."""
+    return admit({"operation": "CREATE", "object": pod}, view, config)
 
 
 def _would_deny(decision: Decision) -> list[str]:

@@ -1,6 +1,6 @@
 """The pod webhooks as handlers, and the one combinator that chains them as the API server does.
 
-A handler takes an AdmissionReview request and returns a Decision. `chain` runs a mutating handler and
+A handler takes an AdmissionReview request and returns a Decision. `in_turn` runs a mutating handler and
 then a validating one on what it produced, which is what the API server does with mutate-pods and
 validate-pods; the server's table, `review` and the workload check all reach the rules through it or
 through the two handlers it chains.
@@ -75,7 +75,7 @@ def join(mutated: Decision, checked: Decision) -> Decision:
     return replace(mutated if checked.allowed else checked, warnings=[*mutated.warnings, *checked.warnings])
 
 
-def chain(mutating: Handler, validating: Handler,
+def in_turn(mutating: Handler, validating: Handler,
           joined: Callable[[Decision, Decision], Decision] = join) -> Handler:
     """Both webhooks as the API server calls them: the mutating one, then the validating one on its result.
 
@@ -98,10 +98,10 @@ def chain(mutating: Handler, validating: Handler,
 
 
 #: What the API server does with both pod webhooks for one request, as the rules decide (under `deny`;
-#: `enforcement.enforced` adds rollout mode).
-mutate_then_validate = chain(mutate_pods, validate_pods)
+#: `enforcement.admit` adds rollout mode).
+admit = in_turn(mutate_pods, validate_pods)
 
 
-def mutate_then_validate_pod(pod: Any, view: ClusterView, config: Config) -> Decision:
+def admit_pod(pod: Any, view: ClusterView, config: Config) -> Decision:
     """Both pod webhooks for a pod being created, as written in a manifest or a workload's template."""
-    return mutate_then_validate({"operation": "CREATE", "object": pod}, view, config)
+    return admit({"operation": "CREATE", "object": pod}, view, config)

@@ -21,11 +21,11 @@ from ..rules.config import Config
 from ..rules.decision import Decision
 from ..rules.text import quote
 from . import enforcement
-from .enforcement import enforced, enforced_pod
+from .enforcement import admit, admit_pod
 from .pod_webhooks import Handler
 from .workloads import decide_workload, kind_of, workload_kind
 
-__all__ = ["WARN_PREFIX", "BadReview", "Reply", "Route", "admit_review", "enforced_pod", "handle", "handle_parsed",
+__all__ = ["WARN_PREFIX", "BadReview", "Reply", "Route", "admit_review", "admit_pod", "handle", "handle_parsed",
            "handle_routed", "parse", "route", "warned"]
 
 API_VERSIONS = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
@@ -173,6 +173,6 @@ def admit_review(review: dict[str, Any], view: ClusterView, config: Config,
     if workload_kind(request) is not None:
         decision = decide_workload(request, view, config)
     else:
-        decision = enforced(request, view, config)
+        decision = admit(request, view, config)
         quota_warnings(request, decision, quotas, config)
     return respond(uid, decision, review.get("apiVersion")), decision

@@ -2,7 +2,7 @@
 
 A pod-only webhook accepts a Deployment whose pods it will refuse: the refusal then shows only as
 FailedCreate events on a ReplicaSet. Here the template is turned into the pod a controller would
-create (rules.templates) and run through both pod webhooks (`pod_webhooks.mutate_then_validate_pod`), so
+create (rules.templates) and run through both pod webhooks (`pod_webhooks.admit_pod`), so
 `kubectl apply` is denied with the same message, and the changes pod creation will make come back as
 warnings. The workload itself is never patched. Training jobs (a launcher and workers) get each of their
 templates checked.
@@ -17,7 +17,7 @@ from ..rules.capacity import ClusterView
 from ..rules.config import Config
 from ..rules.decision import Decision
 from . import enforcement
-from .pod_webhooks import mutate_then_validate_pod
+from .pod_webhooks import admit_pod
 
 __all__ = ["check"]
 
@@ -84,7 +84,7 @@ def check(workload: Any, kind: str | templates.Kind, view: ClusterView, config: 
     for where, tpl in found:
         pod = templates.pod_of(workload, entry, tpl)
         # a template labelled hami.io/webhook: ignore: validation only
-        decision = mutate_then_validate_pod(pod, view, config)
+        decision = admit_pod(pod, view, config)
         prefix = f"{name}: {where}" if named else name
         if decision.reason == "not-ready":
             waiting = True

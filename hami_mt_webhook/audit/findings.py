@@ -7,7 +7,7 @@ the install, or while its namespace was in warn mode), and every node whose per-
 
 A pod is judged as it was created: what binding and the scheduler add later (`spec.nodeName`, the bind-time
 annotations, the status) is set aside, and the rest goes through both pod webhooks as the API server would
-call them (`admission.enforcement.enforced_pod`) under its namespace's mode; a workload goes through
+call them (`admission.enforcement.admit_pod`) under its namespace's mode; a workload goes through
 `admission.workloads.check`. A denial is a failure under `deny` and a warning under `warn`; a slice pod not
 on the configured scheduler is a failure whatever the mode (it is outside HAMi's accounting until it is
 recreated). Pure: plain dicts in, results out; nothing reads the network or the clock.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..admission.chart import flag_and_value
-from ..admission.enforcement import enforced_pod
+from ..admission.enforcement import admit_pod
 from ..admission.workloads import check as check_workload
 from ..rules import templates
 from ..rules.capacity import ClusterView, NodeReport, report
@@ -165,7 +165,7 @@ def pod_results(pod: Obj, modes: Modes, namespace: Mapping[str, Any] | str, view
     mode = modes.mode(namespace, POD_HANDLER)
     results = []
     if mode is not None:
-        decision = enforced_pod(as_created(pod, config), view, mode)
+        decision = admit_pod(as_created(pod, config), view, mode)
         if decision.reason == "not-ready":
             raise NotReady(decision.message)
         if not decision.allowed:

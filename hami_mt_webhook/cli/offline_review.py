@@ -137,7 +137,7 @@ def line(item: Item, view: ClusterView, config: Config) -> tuple[dict[str, Any],
     if kind is not None:  # what validate-workloads answers when the workload is created
         decision = soften(check_workload(item.doc, kind, view, config), config)
     else:
-        decision = review.enforced_pod(item.doc, view, config)
+        decision = review.admit_pod(item.doc, view, config)
     return summary(item.doc, decision), decision.allowed
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from hami_mt_webhook.admission import review
-from hami_mt_webhook.admission.pod_webhooks import chain, mutate_pods, mutate_then_validate_pod
+from hami_mt_webhook.admission.pod_webhooks import admit_pod, in_turn, mutate_pods
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.decision import Decision
@@ -47,10 +47,10 @@ def test_a_review_of_a_labelled_pod_gets_only_the_validating_webhook():
 def test_admit_skips_the_mutation_of_a_labelled_pod_as_the_api_server_does():
     body = make_pod(container("c", {VGPU: "1", MEMORY: "32"}), labels=IGNORE, schedulerName="hami-scheduler",
                     defaults=False)
-    d = mutate_then_validate_pod(body, VIEW, CONFIG)
+    d = admit_pod(body, VIEW, CONFIG)
     assert d.allowed and d.patch == [] and d.warnings == []  # not filled: the mutation did not run
     mixed = make_pod(container("c", {VGPU: "1", WHOLE: "1"}), labels=IGNORE, schedulerName="hami-scheduler")
-    assert mutate_then_validate_pod(mixed, VIEW, CONFIG).reason == "mixing"
+    assert admit_pod(mixed, VIEW, CONFIG).reason == "mixing"
 
 
 def test_a_validating_denial_keeps_the_mutating_warnings():
@@ -59,7 +59,7 @@ def test_a_validating_denial_keeps_the_mutating_warnings():
         return Decision.deny("refused after the mutation", "later", obj=request["object"])
 
     request = review_body(make_pod(container(limits={VGPU: 1})))["request"]
-    decision = chain(mutate_pods, later)(request, VIEW, CONFIG)
+    decision = in_turn(mutate_pods, later)(request, VIEW, CONFIG)
     assert not decision.allowed and decision.reason == "later" and decision.patch == []
     assert any("alone takes a whole card" in w for w in decision.warnings)
 

@@ -70,9 +70,9 @@ DENIED = {
 @pytest.mark.parametrize("case", sorted(DENIED))
 def test_every_denial_becomes_a_would_deny_warning_with_its_own_message(case: str) -> None:
     pod, reason = DENIED[case]
-    denied = review.enforced_pod(pod, nodes_view(), DENY)
+    denied = review.admit_pod(pod, nodes_view(), DENY)
     assert not denied.allowed and denied.code == 403 and denied.reason == reason
-    warned = review.enforced_pod(pod, nodes_view(), WARN)
+    warned = review.admit_pod(pod, nodes_view(), WARN)
     assert warned.allowed
     assert "would deny: " + denied.message in warned.warnings
     assert reason in warned.would_deny

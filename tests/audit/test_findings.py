@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hami_mt_webhook.admission.enforcement import enforced_pod
+from hami_mt_webhook.admission.enforcement import admit_pod
 from hami_mt_webhook.audit.findings import (
     FAIL,
     WARN,
@@ -49,7 +49,7 @@ def stored(pod: dict[str, Any], uid: str, *, bound: bool = True) -> dict[str, An
 
 def admitted(limits: dict[str, str], name: str, ns: str = "team") -> dict[str, Any]:
     """A slice pod created through the webhook: the mutating webhook's result, then bound."""
-    decision = enforced_pod(make_pod(container("c", limits), name=name, namespace=ns), nodes_view(), Config())
+    decision = admit_pod(make_pod(container("c", limits), name=name, namespace=ns), nodes_view(), Config())
     assert decision.allowed
     return stored(decision.object, uid=f"uid-{name}")
 
@@ -90,7 +90,7 @@ def test_a_value_admission_refuses_is_a_failure_under_deny_and_a_warning_under_w
     result = run(pods=bad)
     assert [(r.subject.namespace, r.rule, r.result) for r in result.results] == [
         ("team", "range", FAIL), ("trial", "range", WARN)]
-    message = enforced_pod(make_pod(container("c", TOO_MANY_CORES)), nodes_view(), Config()).message
+    message = admit_pod(make_pod(container("c", TOO_MANY_CORES)), nodes_view(), Config()).message
     assert {r.message for r in result.results} == {message}  # admission's own words, in both modes
     assert counted(result.results) == {("range", "team"): 1, ("range", "trial"): 1}
 

@@ -59,7 +59,7 @@ def test_the_scoped_configurations_are_the_shipped_ones_for_one_namespace(config
 
 def test_every_pod_of_the_batches_is_admitted() -> None:
     for i, (kind, _, _) in enumerate(hops.SHAPES):
-        decision = review.enforced_pod(orjson.loads(hops.pod_body(i, "ns")), nodes_view(), Config())
+        decision = review.admit_pod(orjson.loads(hops.pod_body(i, "ns")), nodes_view(), Config())
         assert decision.allowed, (kind, decision.message)
 
 

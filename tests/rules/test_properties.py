@@ -203,7 +203,7 @@ def test_mutate_properties(view_name, pod):
     if decision.allowed:
         assert checked.allowed, checked.message
         assert checked.patch == []
-    admitted = review.enforced_pod(pod, view, CONFIG)
+    admitted = review.admit_pod(pod, view, CONFIG)
     assert admitted.allowed == decision.allowed
 
 

@@ -12,7 +12,7 @@ import yaml
 
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.admission import review
-from hami_mt_webhook.admission.pod_webhooks import mutate_then_validate_pod
+from hami_mt_webhook.admission.pod_webhooks import admit_pod
 from hami_mt_webhook.admission.workloads import check
 from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.rules import templates
@@ -151,7 +151,7 @@ def test_verdict_and_warnings_are_the_pods_named_after_the_workload(case, kind):
     obj = _workload_for(case, kind)
     before = copy.deepcopy(obj)
     pod = templates.pod_of(obj, kind)
-    expected = mutate_then_validate_pod(pod, nodes_view(), CONFIG)
+    expected = admit_pod(pod, nodes_view(), CONFIG)
     decision = check(obj, kind, nodes_view(), CONFIG)
     assert obj == before, "the workload must not be changed"
     assert decision.allowed == expected.allowed
