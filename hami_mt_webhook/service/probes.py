@@ -21,7 +21,7 @@ TEXT = b"text/plain; charset=utf-8"
 PROMETHEUS = b"text/plain; version=0.0.4; charset=utf-8"
 
 #: What a path answers: called on the event loop for each GET of it.
-Route = Callable[[], Answer]
+Page = Callable[[], Answer]
 
 
 def readyz(state: State) -> Answer:
@@ -44,9 +44,9 @@ def metrics(state: State) -> Answer:
     return Answer(200, state.metrics.render(), content_type=PROMETHEUS)
 
 
-def routes(state: State, peers: Route | None = None) -> dict[str, Route]:
+def routes(state: State, peers: Page | None = None) -> dict[str, Page]:
     """The paths the probe and metrics ports answer (without their slash); /peers with failover."""
-    table: dict[str, Route] = {"readyz": lambda: readyz(state), "livez": livez,
+    table: dict[str, Page] = {"readyz": lambda: readyz(state), "livez": livez,
                                "metrics": lambda: metrics(state)}
     if peers is not None:
         table["peers"] = peers
@@ -58,7 +58,7 @@ class ProbeResponder:
 
     allow = b"GET"
 
-    def __init__(self, table: Mapping[str, Route]) -> None:
+    def __init__(self, table: Mapping[str, Page]) -> None:
         self.table = dict(table)
         self.paths = frozenset(table)
         self.big_lane = asyncio.Semaphore(1)  # never taken: a GET here has no body
@@ -76,7 +76,7 @@ class ProbeResponder:
         """Nothing to count: a probe's refusals show in the connections closed."""
 
 
-async def listen(state: State, table: Mapping[str, Route], host: str, ports: Iterable[int],
+async def listen(state: State, table: Mapping[str, Page], host: str, ports: Iterable[int],
                  limits: Limits) -> list[Listener]:
     """One plain-HTTP listener per distinct port, sharing `table`, listening once this returns; their
     connections are counted apart from the webhook port's."""

@@ -30,7 +30,7 @@ FAST = Limits(drain_seconds=0.3, shutdown_timeout=0.3)
 
 
 @contextlib.asynccontextmanager
-async def serve_probes(state: State, limits: Limits = FAST, peers: probes.Route | None = None
+async def serve_probes(state: State, limits: Limits = FAST, peers: probes.Page | None = None
                        ) -> AsyncIterator[Listener]:
     """The probe port as `serve` runs it, on a port the kernel picks."""
     listeners = await probes.listen(state, probes.routes(state, peers), "127.0.0.1", [0], limits)
