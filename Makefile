@@ -85,8 +85,8 @@ test-unit: setup prometheus  ## the unit tests (pytest -m "not e2e"): no control
 check: lint test-unit  ## the loop before each commit: lint and the unit tier, no control plane and no root (once promtool is installed)
 
 # The chart is the one source of what the project ships (devtools/clusters/shipped.py): the kustomize base, its
-# components' resources and the package's copies of the webhook configurations are rendered from it with the
-# chart's own helm, and the unit tier fails when one of them differs from what the chart renders.
+# components and the package's copies of the webhook configurations are rendered from it with the chart's own
+# helm, and the unit tier fails when one of them differs from what the chart renders.
 shipped: setup  ## after a change to the chart: render the kustomize base, its components and the package's copies from it
 	$(PY) -m devtools.clusters.shipped
 

@@ -2,11 +2,13 @@
 
 The kustomize base (`manifests/`) is the chart's rendering with default values, as `hami-mt-webhook certs`
 completes it: the chart's TLS Secret and caBundles left out (`certs` makes them), Helm's labels left out, and
-the Namespace added (Helm needs it before `helm install`; the base creates it). Each component's resources are
-the objects a value adds to that rendering (`certManager.enabled`, `annotationGuard.enforcer=webhook`,
-`networkPolicy.*`, the monitoring objects); the components' patches stay in their kustomization.yaml, held to
-the chart by the tests. The package's copies of the webhook configurations (hami_mt_webhook/admission/data)
-are the base's files. A CEL expression, a resource name or a reason is written once, in the chart.
+the Namespace added (Helm needs it before `helm install`; the base creates it). Each component is what its
+values change in that rendering (`certManager.enabled`, `annotationGuard.enforcer=webhook`, `networkPolicy.*`,
+the monitoring objects, `enforcement=warn`): the objects they add as its resources, a delete for each object
+they leave out, JSON Patch operations for each they change (tests/e2e/test_chart.py applies each with
+kustomize and compares with the chart). The package's copies of the webhook configurations
+(hami_mt_webhook/admission/data) are the base's files. A CEL expression, a resource name or a reason is
+written once, in the chart.
 
 `python -m devtools.clusters.shipped` writes them all; `--check` (make check) names each file that differs
 from what the chart renders, and exits 1.
@@ -15,6 +17,7 @@ from what the chart renders, and exits 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 from collections.abc import Callable
@@ -29,7 +32,8 @@ from hami_mt_webhook.admission.configurations import Dumper
 
 Doc = dict[str, Any]
 
-__all__ = ["HELM_LABELS", "check", "render", "rendered_files", "without_helm_labels", "write"]
+__all__ = ["COMPONENTS", "HELM_LABELS", "as_certs_leaves_it", "check", "render", "rendered_files",
+           "without_helm_labels", "write"]
 
 #: The labels Helm adds for its bookkeeping; the kustomize base leaves them out.
 HELM_LABELS = ("app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "app.kubernetes.io/version",
@@ -75,7 +79,73 @@ COMPONENTS: dict[str, tuple[tuple[str, ...], Callable[[str, Doc], str | None]]] 
     "network-policy-egress": (NETWORK_POLICY_VALUES,
                               lambda s, d: "egress.yaml" if d["metadata"]["name"].endswith("-egress") else None),
     "monitoring": (MONITORING_VALUES, lambda s, d: s if s in monitoring.COMPONENT_FILES else None),
+    "warn": (("--set", "enforcement=warn"), lambda s, d: None),
 }
+#: What each component is for and how to use it: the opening comment of its generated kustomization.yaml.
+COMPONENT_NOTES = {
+    "cert-manager": """\
+# Optional: let cert-manager issue the serving certificate and inject its CA into the webhook
+# configurations (pods and workloads), instead of `hami-mt-webhook certs`. Use from an overlay:
+#   components: [<path to>/manifests/components/cert-manager]
+""",
+    "warn": """\
+# Optional: rollout mode for the whole cluster (SPEC 4.10). The webhook answers every denial as a warning
+# `would deny: ...` (counted in hami_mt_webhook_would_deny_total), and the backstop policy warns and audits
+# instead of denying. Use from an overlay:
+#   components: [<path to>/manifests/components/warn]
+# For some namespaces only, leave this out and label them: kubectl label namespace NS hami.io/enforcement=warn
+""",
+    "guard-webhook": """\
+# Optional: the annotation guard (SPEC 4.6) as a webhook registration instead of the
+# ValidatingAdmissionPolicy, for clusters where policies are off. Use from an overlay:
+#   components: [<path to>/manifests/components/guard-webhook]
+# The registration has the policy's conditions, so only a request that changes an owned annotation, by
+# someone other than its owners, reaches the webhook: kubelet's status updates never do. With
+# components/cert-manager, list this one first, so that cert-manager injects the CA into it too.
+""",
+    "network-policy": """\
+# Optional: NetworkPolicies for the webhook's pods, the chart's with `networkPolicy.enabled=true` (its
+# defaults). Each port is opened to its one caller: the
+# webhook port (8443) to kube-apiserver's addresses, the metrics port (9090) to the monitoring namespace, the
+# probe port (8080) to the other replicas (failover). kubelet's probes come from the node itself, which
+# NetworkPolicy implementations let through (docs/operating.md, "Security: what listens, and who may reach
+# it", says how to check yours). The API server's addresses are a placeholder: set them in an overlay.
+#   components: [<path to>/manifests/components/network-policy]
+#   patches:
+#     - target: {kind: NetworkPolicy, name: hami-mt-webhook-admission}
+#       patch: |-
+#         - op: replace
+#           path: /spec/ingress/0/from/0/ipBlock/cidr
+#           value: 10.0.0.0/28          # the addresses kube-apiserver calls the webhook from
+# The pod webhooks fail closed: a CIDR that misses the API server refuses every slice pod.
+# A cluster that denies egress by default needs ../network-policy-egress too.
+""",
+    "network-policy-egress": """\
+# Optional, beside ../network-policy on a cluster that denies egress by default: the replicas may reach the
+# API server (their watches) and each other's probe port (failover), and nothing else. The chart's
+# `networkPolicy.egress.enabled=true`. The API server's endpoint addresses and port are placeholders (policies
+# see the address behind the kubernetes Service's ClusterIP: `kubectl get endpointslices -n default -l
+# kubernetes.io/service-name=kubernetes`):
+#   components: [<path to>/manifests/components/network-policy, <path to>/manifests/components/network-policy-egress]
+#   patches:
+#     - target: {kind: NetworkPolicy, name: hami-mt-webhook-egress}
+#       patch: |-
+#         - op: replace
+#           path: /spec/egress/0/to/0/ipBlock/cidr
+#           value: 10.0.0.0/28
+#         - op: replace
+#           path: /spec/egress/0/ports/0/port
+#           value: 443
+""",
+    "monitoring": """\
+# Optional, for the Prometheus operator and Grafana: the ServiceMonitor, the alerts (a PrometheusRule) and the
+# dashboard (a ConfigMap labelled grafana_dashboard: "1"), as the chart renders them with its default values
+# (`make shipped` writes these files from charts/hami-mt-webhook).
+# See docs/operating.md, "Alerts and the dashboard that ship".
+#   components: [<path to>/manifests/components/monitoring]
+""",
+}
+
 
 
 class _Dumper(Dumper):
@@ -94,8 +164,7 @@ _Dumper.add_representer(str, _str)
 def render(helm: Path, *values: str, chart: Path = CHART) -> list[tuple[str, str, Doc]]:
     """`helm template` of `chart` with `values`: each object as (its template's file name, the comment lines
     that open it, the object without Helm's labels)."""
-    out = subprocess.run([str(helm), "template", RELEASE, str(chart), "--namespace", NAMESPACE, *values],
-                         check=True, capture_output=True, text=True).stdout
+    out = _template(helm, chart, values)
     docs = []
     for text in ("\n" + out).split("\n---\n"):
         lines = text.strip("\n").splitlines()
@@ -113,6 +182,14 @@ def render(helm: Path, *values: str, chart: Path = CHART) -> list[tuple[str, str
     return docs
 
 
+@functools.lru_cache(maxsize=64)
+def _template(helm: Path, chart: Path, values: tuple[str, ...]) -> str:
+    """helm's output, once per chart and values within a run (the components render the same ones again); an
+    edited chart is another run (`check` after `write`, a test's copy) or another path."""
+    return subprocess.run([str(helm), "template", RELEASE, str(chart), "--namespace", NAMESPACE, *values],
+                          check=True, capture_output=True, text=True).stdout
+
+
 def without_helm_labels(doc: Any) -> Any:
     """`doc` with Helm's bookkeeping labels removed wherever labels are (object and pod template)."""
     if isinstance(doc, dict):
@@ -126,7 +203,7 @@ def without_helm_labels(doc: Any) -> Any:
     return doc
 
 
-def _as_certs_leaves_it(doc: Doc) -> Doc:
+def as_certs_leaves_it(doc: Doc) -> Doc:
     """The object as the base holds it: no caBundle, which `hami-mt-webhook certs` (or cainjector) fills."""
     for hook in doc.get("webhooks", []):
         hook.get("clientConfig", {}).pop("caBundle", None)
@@ -148,8 +225,8 @@ def _in_base_order(name: str) -> tuple[int, str]:
 
 
 def rendered_files(helm: Path, chart: Path = CHART) -> dict[Path, str]:
-    """Every generated file (path -> text): the base, the components' resources, the package's copies."""
-    base = [(s, c, _as_certs_leaves_it(d)) for s, c, d in render(helm, chart=chart) if d["kind"] != "Secret"]
+    """Every generated file (path -> text): the base, the components, the package's copies."""
+    base = [(s, c, as_certs_leaves_it(d)) for s, c, d in render(helm, chart=chart) if d["kind"] != "Secret"]
     grouped: dict[str, list[tuple[str, Doc]]] = {}
     for source, comments, doc in base:
         grouped.setdefault(source, []).append((comments, doc))
@@ -160,20 +237,101 @@ def rendered_files(helm: Path, chart: Path = CHART) -> dict[Path, str]:
                      "resources": ["namespace.yaml", *sorted(grouped, key=_in_base_order)]}
     files[root / "kustomization.yaml"] = KUSTOMIZATION_HEADER + yaml.safe_dump(kustomization, sort_keys=False)
     in_base = {_key(d) for _, _, d in base}
+    base_docs = {_key(d): d for _, _, d in base}
     for component, (values, file_of) in COMPONENTS.items():
         added: dict[str, list[tuple[str, Doc]]] = {}
         sources: dict[str, str] = {}
+        changed: dict[tuple[str, str], Doc] = {}
         for source, comments, doc in render(helm, *values, chart=chart):
-            name = file_of(source, doc)
-            if _key(doc) in in_base or doc["kind"] == "Secret" or name is None:
+            if doc["kind"] == "Secret":
                 continue
-            added.setdefault(name, []).append((comments, _as_certs_leaves_it(doc)))
-            sources[name] = source
+            doc = as_certs_leaves_it(doc)
+            if _key(doc) in in_base:
+                changed[_key(doc)] = doc
+                continue
+            name = file_of(source, doc)
+            if name is not None:
+                added.setdefault(name, []).append((comments, doc))
+                sources[name] = source
         for name, parts in added.items():
             files[root / "components" / component / name] = _file(parts, sources[name])
+        patches = _patches(base_docs, changed) + _patches(*_beside(helm, chart, component))
+        files[root / "components" / component / "kustomization.yaml"] = _component(component, sorted(added), patches)
     for name in PACKAGED:
         files[PACKAGE_DATA / name] = files[root / name]
     return files
+
+
+Objects = dict[tuple[str, str], Doc]
+
+
+def _beside(helm: Path, chart: Path, component: str) -> tuple[Objects, Objects]:
+    """What the other components add, without `component`'s values and with them: its patches must reach
+    those objects too when an overlay lists both (cert-manager injects its CA into the guard's webhook). A
+    patch whose target an overlay lacks changes nothing."""
+    others = [v for name, (values, _) in COMPONENTS.items() if name != component for v in values]
+    base = {_key(d) for _, _, d in render(helm, chart=chart)}
+    without = {_key(d): as_certs_leaves_it(d) for _, _, d in render(helm, *others, chart=chart)
+               if _key(d) not in base and d["kind"] != "Secret"}
+    with_it = {_key(d): as_certs_leaves_it(d)
+               for _, _, d in render(helm, *others, *COMPONENTS[component][0], chart=chart) if _key(d) in without}
+    return without, with_it
+
+
+def _patches(base: dict[tuple[str, str], Doc], rendered: dict[tuple[str, str], Doc]) -> list[Doc]:
+    """The kustomize patches that make the base's objects what the component's values render: a delete for
+    each object they leave out, JSON Patch operations for each they change."""
+    out: list[Doc] = []
+    for key, doc in base.items():
+        if doc["kind"] == "Namespace":
+            continue
+        target = {"group": doc["apiVersion"].rpartition("/")[0], "kind": doc["kind"], "name": doc["metadata"]["name"]}
+        if key not in rendered:
+            gone = {"$patch": "delete", "apiVersion": doc["apiVersion"], "kind": doc["kind"],
+                    "metadata": {"name": doc["metadata"]["name"]}}
+            out.append({"patch": yaml.dump(gone, Dumper=_Dumper, sort_keys=False).rstrip("\n")})
+            continue
+        ops = _operations(doc, rendered[key], "")
+        if ops:
+            out.append({"target": target, "patch": yaml.dump(ops, Dumper=_Dumper, sort_keys=False).rstrip("\n")})
+    return out
+
+
+def _operations(old: Any, new: Any, path: str) -> list[Doc]:
+    """RFC 6902 operations from `old` to `new`: items added to a list are added, not the list replaced, so
+    that a patch keeps working over an overlay that changed the list too."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        ops: list[Doc] = []
+        for key in old:
+            at = f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            ops += [{"op": "remove", "path": at}] if key not in new else _operations(old[key], new[key], at)
+        for key in new:
+            if key not in old:
+                ops.append({"op": "add", "path": f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}",
+                            "value": new[key]})
+        return ops
+    if isinstance(old, list) and isinstance(new, list):
+        if len(new) > len(old) and new[:len(old)] == old:
+            return [{"op": "add", "path": f"{path}/-", "value": v} for v in new[len(old):]]
+        head = next((i for i, (a, b) in enumerate(zip(old, new, strict=False)) if a != b), len(old))
+        grown = len(new) - len(old)
+        if grown > 0 and new[head + grown:] == old[head:]:  # items inserted in one place
+            return [{"op": "add", "path": f"{path}/{head + i}", "value": v}
+                    for i, v in enumerate(new[head:head + grown])]
+        if len(new) == len(old):
+            return [op for i, (a, b) in enumerate(zip(old, new, strict=True))
+                    for op in _operations(a, b, f"{path}/{i}")]
+    return [] if old == new else [{"op": "replace", "path": path, "value": new}]
+
+
+def _component(name: str, resources: list[str], patches: list[Doc]) -> str:
+    body: Doc = {"apiVersion": "kustomize.config.k8s.io/v1alpha1", "kind": "Component"}
+    if resources:
+        body["resources"] = resources
+    if patches:
+        body["patches"] = patches
+    header = "# Generated from charts/hami-mt-webhook by `make shipped`: do not edit.\n"
+    return header + COMPONENT_NOTES[name] + yaml.dump(body, Dumper=_Dumper, sort_keys=False)
 
 
 def check(helm: Path, chart: Path = CHART) -> list[Path]:

@@ -183,6 +183,35 @@ def test_the_guard_as_a_webhook_matches_the_kustomize_component_field_by_field(t
         assert differences(find(chart, doc["kind"], doc["metadata"]["name"]), doc) == [], doc["metadata"]["name"]
 
 
+#: Each overlay of the base's components a user writes, by the component whose values it stands for (the
+#: egress policies go beside the others, as components/network-policy-egress says).
+OVERLAYS = {"cert-manager": ["cert-manager"], "guard-webhook": ["guard-webhook"], "monitoring": ["monitoring"],
+            "network-policy": ["network-policy", "network-policy-egress"], "warn": ["warn"]}
+
+
+def test_every_component_is_in_an_overlay_below() -> None:
+    assert sorted(c for cs in OVERLAYS.values() for c in cs) == sorted(shipped.COMPONENTS)
+
+
+@pytest.mark.parametrize("values_of", sorted(OVERLAYS))
+def test_each_kustomize_component_gives_what_its_values_render(values_of: str, tmp_path: Path) -> None:
+    """kustomize applies the generated components to the base and gets the chart's rendering with their
+    values, object by object, field by field (caBundles and the chart's Secret aside)."""
+    values, _ = shipped.COMPONENTS[values_of]
+    shutil.copytree(manifests.base_dir(), tmp_path / "base")
+    (tmp_path / "overlay").mkdir()
+    components = ", ".join(f"../base/components/{c}" for c in OVERLAYS[values_of])
+    (tmp_path / "overlay" / "kustomization.yaml").write_text(f"resources: [../base]\ncomponents: [{components}]\n")
+    out = subprocess.run([str(binaries() / "kubectl"), "kustomize", str(tmp_path / "overlay")], check=True,
+                         capture_output=True, text=True).stdout
+    ours = {(d["kind"], d["metadata"]["name"]): d for d in yaml.safe_load_all(out) if d and d["kind"] != "Namespace"}
+    chart = {(d["kind"], d["metadata"]["name"]): shipped.as_certs_leaves_it(d)
+             for _, _, d in shipped.render(binaries() / "helm", *values) if d["kind"] != "Secret"}
+    assert sorted(ours) == sorted(chart)
+    for key, doc in chart.items():
+        assert differences(doc, ours[key]) == [], key
+
+
 def test_the_guards_values_reach_the_server_the_policy_and_the_record() -> None:
     docs = template("--set", "annotationGuard.owners.namespace=hami", "--set", "annotationGuard.owners.users={root}",
                     "--set", "annotationGuard.annotations={example.com/bound}")

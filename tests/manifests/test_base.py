@@ -510,7 +510,8 @@ def test_training_condition_is_generated_from_the_kinds_table(docs) -> None:
 def test_warn_component_renders_cluster_wide_rollout_mode(tmp_path: Path) -> None:
     rendered = with_components(tmp_path, "warn")
     (container,) = one(rendered, "Deployment")["spec"]["template"]["spec"]["containers"]
-    assert container["command"][-2:] == ["--enforcement", "warn"]
+    command = container["command"]
+    assert command[command.index("--enforcement"):][:2] == ["--enforcement", "warn"]
     assert cli.build_parser().parse_args(container["command"][1:]).enforcement == "warn"
     bindings = {d["metadata"]["name"]: d["spec"]["validationActions"] for d in rendered
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}
