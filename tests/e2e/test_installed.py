@@ -7,6 +7,7 @@ build stage and `pip install` of an sdist build it; the sdist is built and insta
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import yaml
 
 from devtools.builds import wheel
+from devtools.builds.binaries import BIN_ENV, helm
 from devtools.builds.wheel import Installed
 from devtools.paths import REPO_ROOT
 
@@ -120,7 +122,8 @@ def test_the_rules_are_compiled_and_the_unit_tiers_pass_on_them(installed: Insta
         shutil.copy2(lib, copy / lib.name)
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not e2e",
                            "tests/rules", "tests/admission", "tests/manifests", "tests/cli"],
-                          capture_output=True, text=True, cwd=copy, timeout=900)
+                          capture_output=True, text=True, cwd=copy, timeout=900,
+                          env={**os.environ, BIN_ENV: str(helm().parent)})  # the copy has no build scripts
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout.splitlines()[-1]
 
