@@ -20,7 +20,7 @@ import argparse
 import functools
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ import yaml
 from devtools.clusters import manifests, monitoring
 from devtools.paths import CHART, REPO_ROOT
 from hami_mt_webhook.admission.configurations import Dumper
+from hami_mt_webhook.rules.decision import pointer
 
 Doc = dict[str, Any]
 
@@ -236,7 +237,6 @@ def rendered_files(helm: Path, chart: Path = CHART) -> dict[Path, str]:
     kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
                      "resources": ["namespace.yaml", *sorted(grouped, key=_in_base_order)]}
     files[root / "kustomization.yaml"] = KUSTOMIZATION_HEADER + yaml.safe_dump(kustomization, sort_keys=False)
-    in_base = {_key(d) for _, _, d in base}
     base_docs = {_key(d): d for _, _, d in base}
     for component, (values, file_of) in COMPONENTS.items():
         added: dict[str, list[tuple[str, Doc]]] = {}
@@ -246,7 +246,7 @@ def rendered_files(helm: Path, chart: Path = CHART) -> dict[Path, str]:
             if doc["kind"] == "Secret":
                 continue
             doc = as_certs_leaves_it(doc)
-            if _key(doc) in in_base:
+            if _key(doc) in base_docs:
                 changed[_key(doc)] = doc
                 continue
             name = file_of(source, doc)
@@ -255,7 +255,7 @@ def rendered_files(helm: Path, chart: Path = CHART) -> dict[Path, str]:
                 sources[name] = source
         for name, parts in added.items():
             files[root / "components" / component / name] = _file(parts, sources[name])
-        patches = _patches(base_docs, changed) + _patches(*_beside(helm, chart, component))
+        patches = _patches(base_docs, changed) + _patches(*_beside(helm, chart, component, base_docs.keys()))
         files[root / "components" / component / "kustomization.yaml"] = _component(component, sorted(added), patches)
     for name in PACKAGED:
         files[PACKAGE_DATA / name] = files[root / name]
@@ -265,12 +265,11 @@ def rendered_files(helm: Path, chart: Path = CHART) -> dict[Path, str]:
 Objects = dict[tuple[str, str], Doc]
 
 
-def _beside(helm: Path, chart: Path, component: str) -> tuple[Objects, Objects]:
+def _beside(helm: Path, chart: Path, component: str, base: Collection[tuple[str, str]]) -> tuple[Objects, Objects]:
     """What the other components add, without `component`'s values and with them: its patches must reach
     those objects too when an overlay lists both (cert-manager injects its CA into the guard's webhook). A
     patch whose target an overlay lacks changes nothing."""
     others = [v for name, (values, _) in COMPONENTS.items() if name != component for v in values]
-    base = {_key(d) for _, _, d in render(helm, chart=chart)}
     without = {_key(d): as_certs_leaves_it(d) for _, _, d in render(helm, *others, chart=chart)
                if _key(d) not in base and d["kind"] != "Secret"}
     with_it = {_key(d): as_certs_leaves_it(d)
@@ -303,12 +302,9 @@ def _operations(old: Any, new: Any, path: str) -> list[Doc]:
     if isinstance(old, dict) and isinstance(new, dict):
         ops: list[Doc] = []
         for key in old:
-            at = f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}"
+            at = path + pointer((key,))
             ops += [{"op": "remove", "path": at}] if key not in new else _operations(old[key], new[key], at)
-        for key in new:
-            if key not in old:
-                ops.append({"op": "add", "path": f"{path}/{str(key).replace('~', '~0').replace('/', '~1')}",
-                            "value": new[key]})
+        ops += [{"op": "add", "path": path + pointer((key,)), "value": new[key]} for key in new if key not in old]
         return ops
     if isinstance(old, list) and isinstance(new, list):
         if len(new) > len(old) and new[:len(old)] == old:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, NamedTuple
 
-__all__ = ["Decision", "Patch"]
+__all__ = ["Decision", "Patch", "pointer"]
 
 Path = tuple[str | int, ...]
 
