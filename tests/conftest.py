@@ -17,8 +17,9 @@ from devtools.clusters import manifests
 from devtools.clusters.local import LOCAL_SANS
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
-from hami_mt_webhook.service import certs, server
-from hami_mt_webhook.service.connections import Limits
+from hami_mt_webhook.service import certs
+from hami_mt_webhook.service.serving import server
+from hami_mt_webhook.service.serving.connections import Limits
 from hami_mt_webhook.service.state import State
 from tests.builders import make_pod as _make_pod
 from tests.builders import nodes_view as _nodes_view

@@ -47,8 +47,8 @@ def per_call(fn: Callable[[], Any], repeat: int, target: float) -> float:
 
 def run(opts: argparse.Namespace, workdir: Path) -> Section:
     from hami_mt_webhook.service import logs
-    from hami_mt_webhook.service.endpoint import log_decision
     from hami_mt_webhook.service.metrics import Metrics
+    from hami_mt_webhook.service.serving.endpoint import log_decision
 
     sec = Section("2. In process: the rules alone")
     view = ClusterView.from_nodes(cluster(opts.s5000, opts.s4000), CONFIG)

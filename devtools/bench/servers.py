@@ -28,7 +28,7 @@ from devtools.gpus import CONFIG
 from devtools.paths import REPO_ROOT
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.service import certs
-from hami_mt_webhook.service.connections import Limits
+from hami_mt_webhook.service.serving.connections import Limits
 
 
 @dataclass
@@ -157,8 +157,9 @@ async def serve(kind: str, port: int, cert: str, key: str, s5000: int, s4000: in
     when given), or a bare aiohttp TLS baseline."""
     import aiohttp.web
 
-    from hami_mt_webhook.service import logs, probes, tls
-    from hami_mt_webhook.service.server import AdmissionServer
+    from hami_mt_webhook.service import logs
+    from hami_mt_webhook.service.serving import probes, tls
+    from hami_mt_webhook.service.serving.server import AdmissionServer
     from hami_mt_webhook.service.state import State
 
     stop = asyncio.Event()

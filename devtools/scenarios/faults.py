@@ -34,7 +34,7 @@ from devtools.clusters.controlplane import KubectlError
 from devtools.clusters.nodes import NodeCluster
 from devtools.load.traffic import LoopThread, Outcome, creating
 from devtools.waiting import NotWithin, until
-from hami_mt_webhook.service.peerview import CONDITION
+from hami_mt_webhook.service.failover.peerview import CONDITION
 
 __all__ = ["FAULTS", "GRAY", "Count", "EndpointWatch", "Fault", "Faults", "gray", "main"]
 

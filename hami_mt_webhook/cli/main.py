@@ -16,8 +16,8 @@ from . import settings
 from .settings import DEFAULT_CERTS, Setting
 
 if TYPE_CHECKING:
-    from ..service.audit import AuditSettings
-    from ..service.peers import Failover
+    from ..service.auditor.loop import AuditSettings
+    from ..service.failover.peers import Failover
 
 __all__ = ["main"]
 
@@ -173,8 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from ..service import app, logs, server
-    from ..service.connections import Limits
+    from ..service import app, logs
+    from ..service.serving import server
+    from ..service.serving.connections import Limits
     from ..service.state import State
 
     logs.setup(args.log_level, args.log_format)
@@ -219,7 +220,7 @@ MIN_AUDIT_INTERVAL = 10.0
 
 def _audit(args: argparse.Namespace) -> AuditSettings | None:
     """`serve`'s audit settings, checked where they enter: None when --audit-interval is 0."""
-    from ..service.audit import AuditSettings
+    from ..service.auditor.loop import AuditSettings
 
     if args.audit_interval != 0 and not args.audit_interval >= MIN_AUDIT_INTERVAL:
         raise ValueError(f"--audit-interval must be 0 (off) or at least {MIN_AUDIT_INTERVAL:g} seconds; got "
@@ -238,8 +239,8 @@ def _audit(args: argparse.Namespace) -> AuditSettings | None:
 
 def _failover(args: argparse.Namespace) -> Failover | None:
     """`serve`'s peer settings, checked where they enter: None when --peer-selector is unset."""
-    from ..service.peers import Failover
-    from ..service.peerview import MIN_PROBES, Timing
+    from ..service.failover.peers import Failover
+    from ..service.failover.peerview import MIN_PROBES, Timing
 
     for setting in settings.PEERS:
         value = getattr(args, setting.dest)

@@ -4,7 +4,7 @@ Flags win over environment variables, which win over defaults. Each setting is a
 the parser's flags, their defaults, the end of their help (`[HAMI_MT_PORT; 8443]`) and the check of
 README's Configuration table all derive from these tables. A default lives where its value is used:
 the rules' in :class:`~hami_mt_webhook.rules.config.Config`, the listener's in
-:class:`~hami_mt_webhook.service.connections.Limits`, the rest of `serve`'s here. The rules see only the
+:class:`~hami_mt_webhook.service.serving.connections.Limits`, the rest of `serve`'s here. The rules see only the
 resulting `Config`.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from ..rules.config import ENFORCEMENTS, Config
 from ..service import certs
-from ..service.connections import DEFAULT_LIMITS
+from ..service.serving.connections import DEFAULT_LIMITS
 
 #: Where `certs` writes, and so where `serve` looks by default.
 DEFAULT_CERTS = "certs"

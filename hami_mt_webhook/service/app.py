@@ -1,8 +1,9 @@
-"""The process: kopf keeps the lifecycle, `nodewatch` the node view; our own listeners answer reviews and
-probes (`listener`).
+"""The process, wired by concern: kopf keeps the lifecycle; `serving` answers reviews and probes on
+listeners of our own; `watches` keeps the node view and the quota index; `failover` and `auditor` run beside
+them; all of them reach kube-apiserver through `kube.client`.
 
 kopf logs in, handles signals and runs the webhook server it is given (`settings.admission.server`);
-the node view is fed by its own streaming watch beside it (`nodewatch` says why).
+the node view is fed by its own streaming watch beside it (`watches.nodewatch` says why).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from typing import Any
 
 import kopf
 
-from . import nodewatch, probes, quotawatch, watch
-from .audit import Auditor, AuditSettings
-from .listener import Listener
-from .nodefeed import NodeFeed
-from .peers import Failover, Peers
-from .server import AdmissionServer
+from .auditor.loop import Auditor, AuditSettings
+from .failover.peers import Failover, Peers
+from .kube import client
+from .serving import probes
+from .serving.listener import Listener
+from .serving.server import AdmissionServer
 from .state import State
+from .watches import nodewatch, quotawatch
+from .watches.nodefeed import NodeFeed
 
 __all__ = ["run"]
 
@@ -30,11 +33,11 @@ logger = logging.getLogger("hami_mt_webhook")
 
 def register(registry: kopf.OperatorRegistry, state: State, auditor: Auditor | None = None) -> None:
     """kopf's part: the login (for its own API discovery), and the audit's start and stop (kopf's startup and
-    cleanup: on SIGTERM the Lease is handed back before the process ends); Nodes are watched by `nodewatch`."""
+    cleanup: on SIGTERM the Lease is handed back before the process ends); Nodes are watched by `watches.nodewatch`."""
 
     @kopf.on.login(id="login", registry=registry)
     def login(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionInfo | None:
-        return watch.login(settings)
+        return client.login(settings)
 
     if auditor is not None:
         @kopf.on.startup(id="audit", registry=registry)
@@ -50,8 +53,8 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
               metrics_port: int | None, node_watch: str, node_selector: str | None,
               failover: Failover | None = None, audit: AuditSettings | None = None) -> None:
     """Run kopf (login, webhook server, signals) with the node and quota watches, the probe and metrics
-    listeners, with `failover` the replicas' watch of each other (`peers`), and with `audit` the background
-    audit (`audit`: one replica at a time)."""
+    listeners, with `failover` the replicas' watch of each other, and with `audit` the
+    background audit (`auditor`: one replica at a time)."""
     gc.freeze()  # modules and settings live as long as the process: no full collection need scan them
     registry = kopf.OperatorRegistry()
     settings = kopf.OperatorSettings()
@@ -61,7 +64,7 @@ async def run(state: State, server: AdmissionServer, *, health_addr: str, health
     settings.scanning.disabled = True
     settings.peering.standalone = True
     def login() -> kopf.ConnectionInfo | None:
-        return watch.login(settings)
+        return client.login(settings)
 
     feed = NodeFeed(state.view, state.config, state.metrics)
     auditor = Auditor(state, login, audit, lambda: feed.unreadable) if audit is not None else None

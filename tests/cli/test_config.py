@@ -252,7 +252,7 @@ def test_installed_command_help():
 
 def test_node_watch_choices_are_the_watch_modes():
     """The CLI names the modes itself (importing the watch would load kopf into `review`); they must agree."""
-    from hami_mt_webhook.service.watch import MODES
+    from hami_mt_webhook.service.kube.watch import MODES
 
     (setting,) = [s for s in config.SERVE if s.flag == "--node-watch"]
     assert setting.choices == MODES

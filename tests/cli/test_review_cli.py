@@ -441,7 +441,9 @@ def test_a_bad_capacity_names_the_flag_or_variable_the_user_set(tmp_path, capsys
 
 
 def test_a_reader_that_stops_early_ends_the_command_quietly(tmp_path):
-    pods = write(tmp_path, "pods.yaml", *(make_pod(container(limits={VGPU: 1}), name=f"p{i}") for i in range(3000)))
+    """Its output is far more than a pipe holds (300 pods, about 400 KB), so the command writes on after `head`
+    has gone."""
+    pods = write(tmp_path, "pods.yaml", *(make_pod(container(limits={VGPU: 1}), name=f"p{i}") for i in range(300)))
     done = subprocess.run(f"{sys.executable} -m hami_mt_webhook review -f {pods} -o json | head -3",
                           shell=True, capture_output=True, text=True, timeout=120, executable="/bin/bash")
     assert done.stdout.count("\n") == 3 and done.stderr == ""

@@ -32,8 +32,8 @@ from hami_mt_webhook.cli import main as cli
 from hami_mt_webhook.cli import settings
 from hami_mt_webhook.rules.config import ANNOTATION_OWNERS, BIND_ANNOTATIONS
 from hami_mt_webhook.rules.record import RECORD
-from hami_mt_webhook.service.connections import Limits
-from hami_mt_webhook.service.peerview import CONDITION
+from hami_mt_webhook.service.failover.peerview import CONDITION
+from hami_mt_webhook.service.serving.connections import Limits
 
 from .support import ON_THE_FLOOR, pod
 

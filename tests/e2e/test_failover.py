@@ -21,7 +21,7 @@ from devtools import procs
 from devtools.clusters.controlplane import ControlPlane
 from devtools.clusters.helm_release import NAMESPACE
 from devtools.clusters.local import LocalWebhook
-from hami_mt_webhook.service.peerview import CONDITION
+from hami_mt_webhook.service.failover.peerview import CONDITION
 
 from .support import metric, wait_for
 

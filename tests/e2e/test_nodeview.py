@@ -25,7 +25,7 @@ from devtools.clusters.helm_release import apply_nodes, example_nodes
 from devtools.clusters.local import LocalWebhook
 from devtools.load import fleet
 from devtools.load.traffic import LoopThread
-from hami_mt_webhook.service import watch
+from hami_mt_webhook.service.kube import watch
 from tests.builders import make_pod, review_body
 
 from .support import MEMORY, VGPU, apply, metric, pod, wait_for

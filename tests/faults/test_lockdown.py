@@ -34,7 +34,7 @@ from devtools.clusters.nodes import NodeCluster
 from devtools.load import attacks
 from devtools.load.traffic import LoopThread, Outcome, creating
 from devtools.scenarios.faults import RATE, EndpointWatch, Faults
-from hami_mt_webhook.service.peerview import CONDITION
+from hami_mt_webhook.service.failover.peerview import CONDITION
 from tests.node.pods import connect, in_pod, pause_pod
 
 from .conftest import MEASURED

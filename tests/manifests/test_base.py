@@ -254,7 +254,7 @@ def test_the_audit_reads_every_kind_it_judges(docs: list[dict[str, Any]]) -> Non
 def test_failover_gate_selector_and_identity(docs: list[dict[str, Any]]) -> None:
     """The readiness gate is the condition the replicas write; the peer selector picks exactly the
     Deployment's pods; the pod's name and namespace come from the downward API."""
-    from hami_mt_webhook.service.peerview import CONDITION
+    from hami_mt_webhook.service.failover.peerview import CONDITION
 
     deploy = one(docs, "Deployment")
     pod_spec = deploy["spec"]["template"]["spec"]

@@ -1,6 +1,5 @@
-"""The audit loop's pure parts: how often an Event may be sent, how requests are counted, what an Event says,
-when an answer is asked again; its reads, writes and Lease run against a real API server in
-tests/e2e/test_audit.py (which cannot make kube-apiserver answer 429 on cue: a loopback server does here)."""
+"""The audit loop's parts: how often an Event may be sent, what an Event says, how a pass is paced beside the
+Lease's renewals; its reads, writes and Lease run against a real API server in tests/e2e/test_audit.py."""
 
 from __future__ import annotations
 
@@ -10,22 +9,12 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from hami_mt_webhook.audit.findings import FAIL, WARN, Result
 from hami_mt_webhook.audit.objects import Subject
-from hami_mt_webhook.service.audit import (
-    FULL_COLLECTIONS_RARER,
-    RETRY_AFTER_MAX,
-    Api,
-    ApiError,
-    EventLimit,
-    _event,
-    _rare_full_collections,
-    _renewing,
-    _resource,
-    _retry_after,
-)
+from hami_mt_webhook.service.auditor.events import EventLimit, event
+from hami_mt_webhook.service.auditor.loop import FULL_COLLECTIONS_RARER, _rare_full_collections, _renewing
+from hami_mt_webhook.service.kube.client import ApiError
 from hami_mt_webhook.service.metrics import Metrics
 
 
@@ -48,25 +37,15 @@ def test_a_pass_sends_at_most_so_many_events() -> None:
     assert len(limit.due(many, now=1)) == 3  # the rest come in the next passes
 
 
-def test_requests_are_counted_by_the_resource_they_name() -> None:
-    assert _resource("/api/v1/pods") == "pods"
-    assert _resource("/api/v1/namespaces") == "namespaces"
-    assert _resource("/api/v1/namespaces/team/events") == "events"
-    assert _resource("/apis/apps/v1/deployments") == "deployments"
-    assert _resource("/apis/wgpolicyk8s.io/v1alpha2/namespaces/team/policyreports/hami-mt-webhook") == "policyreports"
-    assert _resource("/apis/coordination.k8s.io/v1/namespaces/ns/leases/hami-mt-webhook-audit") == "leases"
-    assert _resource("/apis/wgpolicyk8s.io/v1alpha2/clusterpolicyreports") == "clusterpolicyreports"
-
-
 def test_an_event_names_the_workload_and_says_deny_or_would_deny() -> None:
-    event = _event(finding("train", outcome=WARN), "replica-0")
-    assert event["involvedObject"] == {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "team",
-                                       "name": "train", "uid": "uid-train"}
-    assert (event["type"], event["reason"]) == ("Warning", "PodsWouldBeDenied")
-    assert event["message"] == "hami-mt-webhook audit: too many cores"
-    assert event["metadata"] == {"generateName": "train.", "namespace": "team"}
-    assert _event(finding("train"), "replica-0")["reason"] == "PodsDenied"
-    assert len(_event(finding("x", "m" * 5000), "r")["message"]) < 1100  # clipped, and says how long it was
+    sent = event(finding("train", outcome=WARN), "replica-0")
+    assert sent["involvedObject"] == {"apiVersion": "apps/v1", "kind": "Deployment", "namespace": "team",
+                                      "name": "train", "uid": "uid-train"}
+    assert (sent["type"], sent["reason"]) == ("Warning", "PodsWouldBeDenied")
+    assert sent["message"] == "hami-mt-webhook audit: too many cores"
+    assert sent["metadata"] == {"generateName": "train.", "namespace": "team"}
+    assert event(finding("train"), "replica-0")["reason"] == "PodsDenied"
+    assert len(event(finding("x", "m" * 5000), "r")["message"]) < 1100  # clipped, and says how long it was
 
 
 def test_a_fixed_violation_leaves_the_metrics_and_so_does_a_replica_that_stops_auditing() -> None:
@@ -87,66 +66,6 @@ def test_full_collections_are_rarer_during_a_pass_and_the_thresholds_come_back_a
         assert gc.get_threshold() == (*before[:2], before[2] * FULL_COLLECTIONS_RARER)  # the young ones as they were
         raise RuntimeError("a pass that fails")
     assert gc.get_threshold() == before
-
-
-def test_an_answer_is_asked_again_only_when_the_server_says_when() -> None:
-    assert _retry_after(429, "1") == 1.0
-    assert _retry_after(503, "2") == 2.0
-    assert _retry_after(429, "3600") == RETRY_AFTER_MAX  # never minutes on a server's word
-    assert _retry_after(429, None) is None              # no Retry-After: final, as in client-go
-    assert _retry_after(404, "1") is None
-    assert _retry_after(409, "1") is None
-    assert _retry_after(429, "Wed, 21 Oct 2026 07:28:00 GMT") is None
-
-
-async def answering(statuses: list[tuple[int, dict[str, str]]]) -> tuple[web.AppRunner, str, list[str]]:
-    """A loopback server answering each request with the next of `statuses`, the last one thereafter."""
-    seen: list[str] = []
-
-    async def handle(request: web.Request) -> web.Response:
-        status, headers = statuses[min(len(seen), len(statuses) - 1)]
-        seen.append(request.method)
-        return web.json_response({"kind": "Status", "code": status}, status=status, headers=headers)
-
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return runner, f"http://127.0.0.1:{port}", seen
-
-
-async def test_a_429_with_retry_after_is_asked_again_and_each_try_is_counted() -> None:
-    counted: list[tuple[str, str]] = []
-    runner, server, seen = await answering([(429, {"Retry-After": "0"}), (429, {"Retry-After": "0"}), (200, {})])
-    try:
-        async with aiohttp.ClientSession() as client:
-            status, body = await Api(client, server, lambda v, r: counted.append((v, r))).call(
-                "GET", "/apis/wgpolicyk8s.io/v1alpha2/policyreports")
-    finally:
-        await runner.cleanup()
-    assert (status, body["code"]) == (200, 200)
-    assert seen == ["GET"] * 3
-    assert counted == [("GET", "policyreports")] * 3
-
-
-async def test_a_429_without_retry_after_or_past_the_retries_is_an_error() -> None:
-    runner, server, seen = await answering([(429, {})])
-    try:
-        async with aiohttp.ClientSession() as client:
-            with pytest.raises(ApiError, match="HTTP 429"):
-                await Api(client, server, lambda v, r: None).call("GET", "/api/v1/namespaces")
-            assert seen == ["GET"]
-            seen.clear()
-            await runner.cleanup()
-            runner, server, seen = await answering([(429, {"Retry-After": "0"})])
-            with pytest.raises(ApiError, match="HTTP 429"):
-                await Api(client, server, lambda v, r: None).call("PUT", "/x", {}, retries=2)
-            assert seen == ["PUT"] * 3
-    finally:
-        await runner.cleanup()
 
 
 #: Renewals every 50 ms of a Lease of 150 ms: one failed renewal is tried again, a second in a row is too late.

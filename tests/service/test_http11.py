@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami_mt_webhook.service.http11 import (
+from hami_mt_webhook.service.serving.http11 import (
     MAX_HEAD,
     MAX_REQUEST_LINE,
     BadRequest,

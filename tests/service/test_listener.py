@@ -15,9 +15,9 @@ import pytest
 
 from devtools.load import attacks
 from devtools.waiting import until_async
-from hami_mt_webhook.service import listener as listener_module
-from hami_mt_webhook.service.connections import Limits
-from hami_mt_webhook.service.http11 import MAX_HEAD, MAX_REQUEST_LINE
+from hami_mt_webhook.service.serving import listener as listener_module
+from hami_mt_webhook.service.serving.connections import Limits
+from hami_mt_webhook.service.serving.http11 import MAX_HEAD, MAX_REQUEST_LINE
 from tests.builders import container, make_pod, padded_request, review_body
 
 

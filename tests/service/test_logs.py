@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 
 from hami_mt_webhook.rules.decision import Change, Decision
-from hami_mt_webhook.service.endpoint import log_decision
 from hami_mt_webhook.service.logs import JsonLines
+from hami_mt_webhook.service.serving.endpoint import log_decision
 from tests.builders import MEMORY, VGPU, WHOLE, container, make_pod, review_body
 
 OPERATING = Path(__file__).resolve().parents[2] / "docs" / "operating.md"

@@ -14,10 +14,8 @@ import pytest
 from devtools.load import fleet
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
-from hami_mt_webhook.service import watch
-from hami_mt_webhook.service.metrics import Metrics
-from hami_mt_webhook.service.nodefeed import NodeFeed
-from hami_mt_webhook.service.watch import (
+from hami_mt_webhook.service.kube import client, watch
+from hami_mt_webhook.service.kube.watch import (
     CAUGHT_UP,
     INITIAL_EVENTS_END,
     LINES_PER_TURN,
@@ -26,6 +24,8 @@ from hami_mt_webhook.service.watch import (
     WatchError,
     batches,
 )
+from hami_mt_webhook.service.metrics import Metrics
+from hami_mt_webhook.service.watches.nodefeed import NodeFeed
 from tests.builders import S4000, S5000
 
 CONFIG = Config()
@@ -318,7 +318,7 @@ def test_auto_streams_where_watchlist_is_on_by_default(version, mode):
 def test_in_a_pod_the_api_server_is_the_address_kubelet_gives(environ: dict[str, str], server: str | None) -> None:
     """As client-go's in-cluster config: the Service's address from the environment, no DNS name (the
     image's e2e test runs the real login this way, with no cluster DNS at all)."""
-    assert watch.in_cluster_server(environ) == server
+    assert client.in_cluster_server(environ) == server
 
 
 def test_nodes_reporting_cores_but_no_sliced_card_are_kept_aside_for_the_audit() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from hami_mt_webhook.service.peerview import (
+from hami_mt_webhook.service.failover.peerview import (
     CONDITION,
     MIN_PROBES,
     Outcomes,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import orjson
@@ -17,11 +17,11 @@ from devtools.load import attacks
 from devtools.procs import free_ports
 from hami_mt_webhook.rules.capacity import ClusterView
 from hami_mt_webhook.rules.config import Config
-from hami_mt_webhook.service import probes
-from hami_mt_webhook.service.connections import Limits
-from hami_mt_webhook.service.listener import Listener
-from hami_mt_webhook.service.peers import Failover, Peers
-from hami_mt_webhook.service.peerview import Replica, Verdict, View
+from hami_mt_webhook.service.failover.peers import Failover, Peers
+from hami_mt_webhook.service.failover.peerview import Replica, Verdict, View
+from hami_mt_webhook.service.serving import probes
+from hami_mt_webhook.service.serving.connections import Limits
+from hami_mt_webhook.service.serving.listener import Listener
 from hami_mt_webhook.service.state import State
 from tests.builders import nodes_view
 from tests.service.test_listener import cut_off, eventually
@@ -30,7 +30,7 @@ FAST = Limits(drain_seconds=0.3, shutdown_timeout=0.3)
 
 
 @contextlib.asynccontextmanager
-async def serve_probes(state: State, limits: Limits = FAST, peers: probes.Page | None = None
+async def serve_probes(state: State, limits: Limits = FAST, peers: Callable[[], bytes] | None = None
                        ) -> AsyncIterator[Listener]:
     """The probe port as `serve` runs it, on a port the kernel picks."""
     listeners = await probes.listen(state, probes.routes(state, peers), "127.0.0.1", [0], limits)

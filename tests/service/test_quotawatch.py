@@ -11,8 +11,8 @@ import pytest
 
 from hami_mt_webhook.rules.config import Config
 from hami_mt_webhook.rules.quota import QuotaIndex
-from hami_mt_webhook.service.quotawatch import QuotaFeed
-from hami_mt_webhook.service.watch import INITIAL_EVENTS_END, Expired
+from hami_mt_webhook.service.kube.watch import INITIAL_EVENTS_END, Expired
+from hami_mt_webhook.service.watches.quotawatch import QuotaFeed
 
 MEMORY = "mthreads.com/sgpu-memory"
 

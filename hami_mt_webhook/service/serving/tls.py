@@ -12,8 +12,8 @@ import logging
 import ssl
 from pathlib import Path
 
-from . import certs
-from .metrics import Metrics
+from .. import certs
+from ..metrics import Metrics
 
 __all__ = ["tls_context"]
 

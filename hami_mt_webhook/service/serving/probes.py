@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterable, Mapping
 
+from ..state import State
 from .connections import Limits
 from .http11 import Answer, Head, parse_get
 from .listener import Listener
-from .state import State
 
 __all__ = ["listen", "routes", "stop"]
 
@@ -44,12 +44,14 @@ def metrics(state: State) -> Answer:
     return Answer(200, state.metrics.render(), content_type=PROMETHEUS)
 
 
-def routes(state: State, peers: Page | None = None) -> dict[str, Page]:
-    """The paths the probe and metrics ports answer (without their slash); /peers with failover."""
+def routes(state: State, peers: Callable[[], bytes] | None = None) -> dict[str, Page]:
+    """The paths the probe and metrics ports answer (without their slash); /peers with failover, whose
+    `peers` gives this replica's view as JSON."""
     table: dict[str, Page] = {"readyz": lambda: readyz(state), "livez": livez,
                                "metrics": lambda: metrics(state)}
     if peers is not None:
-        table["peers"] = peers
+        view = peers
+        table["peers"] = lambda: Answer(200, view())
     return table
 
 

@@ -11,10 +11,10 @@ import logging
 import time
 from typing import Any
 
-from ..rules.capacity import ClusterView, NodeReport, OncePerNode, report
-from ..rules.config import Config
-from .metrics import Metrics
-from .watch import Build, Feed
+from ...rules.capacity import ClusterView, NodeReport, OncePerNode, report
+from ...rules.config import Config
+from ..kube.watch import Build, Feed
+from ..metrics import Metrics
 
 logger = logging.getLogger("hami_mt_webhook")
 

@@ -29,7 +29,7 @@ and reads Nodes itself:
   back, for no gain once each step is this small. The `hami_mt_webhook_node_work_seconds` histogram
   measures the longest wait.
 - Once the view is current, reading **rests 0.2 s each time the stream has been drained**
-  (`watch.REST_SECONDS`): kubelet heartbeats then arrive about twenty to a read, one wakeup and
+  (`kube.watch.REST_SECONDS`): kubelet heartbeats then arrive about twenty to a read, one wakeup and
   one parser pass for all of them instead of one each. CPU of the watch alone at 100 node status
   updates/s of 15 KB Nodes on the local control plane (readers run side by side, so the figures
   move together with the machine's load): reading each event as it comes 4.1-5.2 % of a core,
@@ -50,7 +50,8 @@ all slice pod creation. The watch state and the view's age are metrics for an al
 
 from __future__ import annotations
 
-from .watch import Feed, Login, Watch
+from ..kube.client import Login
+from ..kube.watch import Feed, Watch
 
 NODES = "/api/v1/nodes"
 

@@ -1,6 +1,6 @@
 """Failover: the replicas probe each other and take a silent one out of the Service (`peerview` says why).
 
-Each replica watches the Deployment's pods in its namespace (the node watch's machinery, `watch.Watch`,
+Each replica watches the Deployment's pods in its namespace (the node watch's machinery, `kube.watch.Watch`,
 on `/api/v1/namespaces/<ns>/pods` with the chart's selector), asks every other one for its view at
 `/peers` on the probe port every `interval` seconds, and answers the same question itself. What most of
 them agree on is written to the silent replica's pod status: the readiness gate's condition `False` and
@@ -31,10 +31,10 @@ from typing import Any
 import aiohttp
 import orjson
 
-from .http11 import Answer
+from ..kube.client import Api, ApiError, Login
+from ..kube.watch import Feed, Watch
+from ..state import State
 from .peerview import CONDITION, Outcomes, Replica, Timing, Verdict, View, disputed, judge, replica
-from .state import State
-from .watch import Feed, Login, Watch, session
 
 __all__ = ["Failover"]
 
@@ -104,7 +104,7 @@ class Peers:
         self._writing: set[str] = set()  # weak references only); the replicas whose verdict is being written
         self._written: dict[str, tuple[bool, float]] = {}  # name -> what this replica last wrote, and when
         self._out_since: dict[str, float] = {}  # name -> monotonic time the watch first showed its gate False
-        self._api: aiohttp.ClientSession | None = None
+        self._api: Api | None = None
         self._http: aiohttp.ClientSession | None = None
 
     # the answer ---------------------------------------------------------------------------------------
@@ -119,9 +119,9 @@ class Peers:
         """Each peer's share of failed or late probes over the window, for those with enough of them."""
         return {name: share for name, o in self._outcomes.items() if (share := o.share(now)) is not None}
 
-    def answer(self) -> Answer:
+    def answer(self) -> bytes:
         """GET /peers: this replica's view, which is also how the others know it answers."""
-        return Answer(200, orjson.dumps(self.view().to_json()))
+        return orjson.dumps(self.view().to_json())
 
     # the loop -----------------------------------------------------------------------------------------
 
@@ -273,16 +273,11 @@ class Peers:
             conditions.append({"type": "Ready", "status": "False", "reason": reason, "message": message,
                                "lastTransitionTime": stamp})
         path = f"/api/v1/namespaces/{self.namespace}/pods/{verdict.name}/status"
-        body = orjson.dumps({"status": {"conditions": conditions}})
         try:
-            api, server = self._api_session()
-            async with api.patch(server + path, data=body,
-                                 headers={"Content-Type": "application/strategic-merge-patch+json"},
-                                 timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                if resp.status >= 300:
-                    text = (await resp.text(errors="replace"))[:300]
-                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=text)
-        except (aiohttp.ClientError, OSError, TimeoutError) as err:
+            # not asked again on the server's word: the next round judges afresh, a moment later
+            await self._client().call("PATCH", path, {"status": {"conditions": conditions}}, ok=(200,),
+                                      retries=0, timeout=2, content_type="application/strategic-merge-patch+json")
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as err:
             logger.warning("could not mark replica %s %s: %s", verdict.name,
                            "answering" if verdict.answering else "not answering", err)
             with contextlib.suppress(Exception):
@@ -296,13 +291,13 @@ class Peers:
             "not answering (out of the Service's endpoints)", message)
         return True
 
-    def _api_session(self) -> tuple[aiohttp.ClientSession, str]:
-        info = self.login()
-        if info is None:
-            raise aiohttp.ClientConnectionError("no kubeconfig and no service account")
+    def _client(self) -> Api:
         if self._api is None:
-            self._api = session(info)
-        return self._api, info.server
+            info = self.login()
+            if info is None:
+                raise ApiError("no kubeconfig and no service account")
+            self._api = Api.open(info)
+        return self._api
 
     async def _reset_api(self) -> None:
         """A fresh session after a failure: a rotated token is read again, a dead connection dropped."""

@@ -1,6 +1,6 @@
 """The quota index's feed (SPEC.md §4.9): ResourceQuotas through the node watch's machinery.
 
-The same streaming watch as Nodes (`watch.Watch`: WatchList or paged lists, resume, 410,
+The same streaming watch as Nodes (`kube.watch.Watch`: WatchList or paged lists, resume, 410,
 back-off), on /api/v1/resourcequotas. Of each quota only its `limits.` slice keys are kept, and only
 for quotas that have any, so the index stays a few bytes per such quota. The warning it feeds is
 advisory: readiness does not wait for it, and while it is not synced no warning is given.
@@ -12,9 +12,10 @@ import logging
 import time
 from typing import Any
 
-from ..rules.config import Config
-from ..rules.quota import QuotaIndex, unenforced_keys
-from .watch import Feed, Login, Watch
+from ...rules.config import Config
+from ...rules.quota import QuotaIndex, unenforced_keys
+from ..kube.client import Login
+from ..kube.watch import Feed, Watch
 
 logger = logging.getLogger("hami_mt_webhook")
 

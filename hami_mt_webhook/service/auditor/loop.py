@@ -1,13 +1,13 @@
 """The background audit: one replica at a time reads what admission never saw, judges it with the admission
 rules (`audit.findings`) and publishes the findings: PolicyReports (`audit.reports`), a Warning Event on each
-workload whose pods would be refused, and metrics.
+workload whose pods would be refused (`events`), and metrics.
 
 kopf drives it as it drives the process (login, signals, shutdown): its startup handler starts the loop and
 its cleanup handler stops it and hands the Lease back, so on SIGTERM another replica audits at once. kopf's
 other means do not fit here: a `kopf.timer` puts a finalizer on the object it runs
 on (an uninstall would leave that object Terminating), its peering needs CRDs of its own and pauses all of
 kopf's handling in the other replicas, and its watches keep every object in memory (`nodewatch` says what
-that cost at 10,000 nodes). So a Lease (coordination.k8s.io, as client-go's leader election does it) picks
+that cost at 10,000 nodes). So a Lease (`kube.lease`, as client-go's leader election holds one) picks
 the replica that audits; another takes over once it has seen the Lease unrenewed for its duration. A pass
 reads with paged lists (no watch of every pod in every replica), judges each page as it comes, a slice at a
 time between turns of the event loop so that reviews are not held up, and keeps only the findings. Nodes are
@@ -18,25 +18,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import gc
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
 import aiohttp
-import orjson
 
-from ..audit import reports
-from ..audit.findings import FAIL, WARN, Audit, Auditing, NotReady, Result, counted
-from ..audit.objects import Obj, Subject, mapping, metadata
-from ..rules import templates
-from ..rules.text import clip
-from .state import State
-from .watch import Login, session
+from ...audit import reports
+from ...audit.findings import FAIL, WARN, Audit, Auditing, NotReady, Result, counted
+from ...audit.objects import Obj, metadata
+from ...rules import templates
+from ...rules.text import clip
+from ..kube.client import Api, ApiError, Login
+from ..kube.lease import Lease
+from ..state import State
+from .events import EventLimit, event
 
 __all__ = ["AuditSettings"]
 
@@ -58,17 +58,6 @@ FULL_COLLECTIONS_RARER = 10
 #: Pods that will not change again are not audited.
 LIVE_PODS = "status.phase!=Succeeded,status.phase!=Failed"
 REPORTS = f"/apis/{reports.API_VERSION}"
-#: Events a pass sends at most, whatever the findings: the API server is never flooded by the audit.
-EVENTS_PER_PASS = 20
-EVENT_REASONS = {FAIL: "PodsDenied", WARN: "PodsWouldBeDenied"}
-#: client-go's rule for an answer that says when to come back (a Retry-After header on 429 or 500-504, as
-#: kube-apiserver gives while a resource's watch cache re-initialises or its fairness queues are full): wait
-#: that long and ask again, up to this many times, so a pass is not lost to a second of the server's.
-RETRIES = 10
-#: The longest Retry-After honoured, in seconds: a pass does not sleep on a server's word for minutes.
-RETRY_AFTER_MAX = 10.0
-
-
 @dataclass(frozen=True)
 class AuditSettings:
     """`serve`'s audit settings: how often, who this replica is, and the Lease that picks the auditor."""
@@ -81,154 +70,6 @@ class AuditSettings:
     policy_reports: bool = True
     events: bool = True
     event_every: float = 3600.0
-
-
-class ApiError(Exception):
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Api:
-    """The few calls the audit makes, each counted by verb and resource in the metrics."""
-
-    def __init__(self, client: aiohttp.ClientSession, server: str, count: Callable[[str, str], None]) -> None:
-        self.client, self.server, self.count = client, server, count
-
-    async def call(self, verb: str, path: str, body: Any = None, params: dict[str, str] | None = None,
-                   ok: Iterable[int] = (200, 201), retries: int = RETRIES) -> tuple[int, Any]:
-        """One request, asked again while the server says when to (`RETRIES`); an answer outside `ok`
-        raises `ApiError`."""
-        accepted = frozenset(ok)
-        data = None if body is None else orjson.dumps(body)
-        headers = {"Content-Type": "application/json"} if data is not None else None
-        for attempt in range(retries + 1):
-            self.count(verb, _resource(path))
-            async with self.client.request(verb, self.server + path, data=data, params=params, headers=headers,
-                                           timeout=aiohttp.ClientTimeout(total=60)) as resp:
-                raw = await resp.read()
-            wait = _retry_after(resp.status, resp.headers.get("Retry-After"))
-            if wait is None or resp.status in accepted or attempt == retries:
-                break
-            await asyncio.sleep(wait)
-        if resp.status not in accepted:
-            raise ApiError(f"HTTP {resp.status} from {verb} {path}: {raw[:300].decode(errors='replace')}",
-                           resp.status)
-        return resp.status, orjson.loads(raw) if raw else None
-
-    async def pages(self, path: str, **params: str) -> AsyncIterator[list[Obj]]:
-        """The items of a paged list, a page at a time."""
-        query = {"limit": str(PAGE), **params}
-        while True:
-            _, page = await self.call("GET", path, params=query)
-            yield [item for item in page.get("items") or () if isinstance(item, dict)]
-            token = mapping(page.get("metadata")).get("continue")
-            if not token:
-                return
-            query["continue"] = token
-
-
-def _retry_after(status: int, header: str | None) -> float | None:
-    """Seconds to wait before asking again, or None when the answer is final (client-go's `checkWait`)."""
-    if header is None or not (status == 429 or 500 <= status <= 504):
-        return None
-    try:
-        seconds = float(header)
-    except ValueError:
-        return None  # an HTTP date: kube-apiserver never sends one
-    return min(max(seconds, 0.0), RETRY_AFTER_MAX)
-
-
-def _resource(path: str) -> str:
-    """`pods`, `policyreports`, `leases`: the resource a path names, for the request counter."""
-    parts = [p for p in path.split("/") if p]
-    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
-    if len(rest) >= 3 and rest[0] == "namespaces":
-        return rest[2]
-    return rest[0] if rest else "other"
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-class Lease:
-    """One replica at a time: held while renewed every third of its duration, taken over by another once it
-    has seen the Lease unchanged for a whole duration (its own clock: no trust in the holder's)."""
-
-    def __init__(self, me: str, namespace: str, name: str, seconds: float) -> None:
-        self.me, self.seconds = me, seconds
-        self.path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"
-        self.name, self.namespace = name, namespace
-        self.holding = False
-        self._seen: tuple[str, float] = ("", 0.0)  # the resourceVersion last seen, and when it was first seen
-
-    async def hold(self, api: Api) -> bool:
-        """Take or renew the Lease; whether this replica holds it now."""
-        # not asked again on a 429: the next renewal comes a third of the duration later, and a holder
-        # waiting on the server's word could be taken over meanwhile
-        status, lease = await api.call("GET", self.path, ok=(200, 404), retries=0)
-        spec = self._spec()
-        if status == 404:
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": self.name, "namespace": self.namespace}, "spec": spec}
-            status, _ = await api.call("POST", self.path.rpartition("/")[0], body, ok=(201, 409), retries=0)
-            self.holding = status == 201
-            return self.holding
-        meta, current = metadata(lease), mapping(lease.get("spec"))
-        version = str(meta.get("resourceVersion") or "")
-        if version != self._seen[0]:
-            self._seen = (version, time.monotonic())
-        holder = current.get("holderIdentity")
-        duration = float(current.get("leaseDurationSeconds") or self.seconds)
-        if holder not in (self.me, None, "") and time.monotonic() - self._seen[1] < duration:
-            self.holding = False
-            return False
-        if holder != self.me:
-            spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
-        else:
-            spec["acquireTime"] = current.get("acquireTime") or spec["acquireTime"]
-            spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0)
-        body = {**lease, "spec": spec}
-        status, _ = await api.call("PUT", self.path, body, ok=(200, 409), retries=0)
-        self.holding = status == 200
-        return self.holding
-
-    def _spec(self) -> dict[str, Any]:
-        """This replica as the holder, renewed now (and acquired now, unless it held it already)."""
-        now = _now()
-        return {"holderIdentity": self.me, "leaseDurationSeconds": int(self.seconds), "acquireTime": now,
-                "renewTime": now}
-
-    async def release(self, api: Api) -> None:
-        """Let another replica take over at once (a clean shutdown), rather than after the duration."""
-        if not self.holding:
-            return
-        self.holding = False
-        status, lease = await api.call("GET", self.path, ok=(200, 404))
-        if status == 200 and mapping(lease.get("spec")).get("holderIdentity") == self.me:
-            await api.call("PUT", self.path, {**lease, "spec": {**lease["spec"], "holderIdentity": None}},
-                           ok=(200, 409))
-
-
-class EventLimit:
-    """At most one Event per workload and finding every `every` seconds, and `per_pass` a pass."""
-
-    def __init__(self, every: float, per_pass: int = EVENTS_PER_PASS) -> None:
-        self.every, self.per_pass = every, per_pass
-        self._sent: dict[tuple[str, str, str], float] = {}
-
-    def due(self, results: Iterable[Result], now: float) -> list[Result]:
-        """The results to send an Event for now, marked as sent."""
-        self._sent = {k: t for k, t in self._sent.items() if now - t < self.every}
-        out: list[Result] = []
-        for r in results:
-            key = (r.subject.uid or r.subject.label(), r.rule, r.message)
-            if key in self._sent or len(out) >= self.per_pass:
-                continue
-            self._sent[key] = now
-            out.append(r)
-        return out
 
 
 class Auditor:
@@ -274,8 +115,7 @@ class Auditor:
                 await asyncio.sleep(self.settings.lease_seconds)
                 continue
             try:
-                async with session(info) as client:
-                    api = Api(client, info.server, self._count)
+                async with Api.open(info, count=self._count) as api:
                     try:
                         await self._lead(api)
                     finally:
@@ -342,7 +182,7 @@ class Auditor:
         if not self.state.view.ready:  # before any read: nothing can be judged yet
             logger.info("audit: pass skipped: the node view is not read yet")
             return None
-        namespaces = [n async for page in api.pages("/api/v1/namespaces") for n in page]
+        namespaces = [n async for page in api.pages("/api/v1/namespaces", PAGE) for n in page]
         configurations = await self._configurations(api)
         try:
             auditing = Auditing(namespaces, configurations, self.state.view, self.state.config)
@@ -351,7 +191,7 @@ class Auditor:
             # page's start for every page, so one cluster-wide list costs it the square of the pod count.
             for namespace in namespaces:
                 path = f"/api/v1/namespaces/{quote(str(metadata(namespace).get('name') or ''))}/pods"
-                async for page in _paced(api.pages(path, fieldSelector=LIVE_PODS)):
+                async for page in _paced(api.pages(path, PAGE, fieldSelector=LIVE_PODS)):
                     await _judge(page, auditing.pod)
             async for page, kind in self._workloads(api):
                 for w in page:
@@ -383,7 +223,7 @@ class Auditor:
         for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
             path = f"/apis/admissionregistration.k8s.io/v1/{kind.lower()}s"
             try:
-                out += [{**c, "kind": kind} async for page in api.pages(path) for c in page]
+                out += [{**c, "kind": kind} async for page in api.pages(path, PAGE) for c in page]
             except ApiError as err:
                 if err.status not in (403, 404):
                     raise
@@ -397,7 +237,7 @@ class Auditor:
                 api_version = f"{kind.group}/{version}" if kind.group else version
                 path = f"/apis/{api_version}/{kind.resource}" if kind.group else f"/api/v1/{kind.resource}"
                 try:
-                    async for page in api.pages(path):
+                    async for page in api.pages(path, PAGE):
                         yield page, (api_version, kind.kind)
                 except ApiError as err:
                     if err.status == 404:
@@ -416,7 +256,7 @@ class Auditor:
         try:
             for plural in ("policyreports", "clusterpolicyreports"):
                 current.update(reports.by_namespace(
-                    [r async for page in api.pages(f"{REPORTS}/{plural}", labelSelector=selector, limit="10")
+                    [r async for page in api.pages(f"{REPORTS}/{plural}", 10, labelSelector=selector)
                      for r in page]))  # a report holds up to 1,000 results: pages of 10 parse in a few ms
         except ApiError as err:
             if err.status != 404:
@@ -447,20 +287,7 @@ class Auditor:
     async def _send_events(self, api: Api, results: list[Result]) -> None:
         for r in results:
             await api.call("POST", f"/api/v1/namespaces/{quote(r.subject.namespace)}/events",
-                           _event(r, self.settings.me), ok=(201, 403, 404))
-
-
-def _event(result: Result, me: str) -> Obj:
-    """A Warning Event on the workload, where `kubectl describe` and event exporters look."""
-    s: Subject = result.subject
-    now = _now()
-    return {"apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{s.name}.", "namespace": s.namespace},
-            "involvedObject": s.reference(), "type": "Warning", "reason": EVENT_REASONS[result.result],
-            "message": clip(f"hami-mt-webhook audit: {result.message}", 1000),
-            "source": {"component": "hami-mt-webhook"}, "reportingComponent": "hami-mt-webhook",
-            "reportingInstance": me, "firstTimestamp": now[:19] + "Z", "lastTimestamp": now[:19] + "Z",
-            "count": 1}
+                           event(r, self.settings.me), ok=(201, 403, 404))
 
 
 async def _renewing(work: asyncio.Future[Any], hold: Callable[[], Awaitable[bool]], renew: float,

@@ -1,20 +1,18 @@
 """A watch of one kind of object, as every watch of the replica runs it: one streaming request (WatchList,
 `watch=1&sendInitialEvents=true`) or paged lists and then a watch, resumed from the last resourceVersion seen,
 built anew on 410, reconnecting with jittered backoff, read a bounded batch of lines per turn of the loop; and
-the login and client session they share. What a watch does with each object is its `Feed`'s: the node view's
-(`nodefeed.NodeFeed`), the quota watch's, the peer watch's. `nodewatch` says why this is not kopf's watch, and
-what it measured at 10,000 nodes.
+it reaches the API server through `client.Api`. What a watch does with each object is its `Feed`'s: the node
+view's (`watches.nodefeed.NodeFeed`), the quota watch's, the peer watch's. `watches.nodewatch` says why this is
+not kopf's watch, and what it measured at 10,000 nodes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import os
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +20,8 @@ import aiohttp
 import kopf
 import orjson
 
-from .metrics import Metrics
+from ..metrics import Metrics
+from .client import Api, ApiError, Expired, Login
 
 logger = logging.getLogger("hami_mt_webhook")
 
@@ -48,16 +47,8 @@ REST_SECONDS = 0.2
 CAUGHT_UP = 64 * 1024
 
 
-class WatchError(Exception):
-    """The API server refused or broke the watch; `status` is its HTTP status or Status code, if any."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class Expired(WatchError):
-    """The resourceVersion to resume from is gone (410): the set must be built anew."""
+class WatchError(ApiError):
+    """The watch's stream broke: an unreadable event, or one the API server ended it with."""
 
 
 @dataclass
@@ -167,9 +158,6 @@ BACKOFF_START, BACKOFF_MAX = 0.2, 2.0
 MODES = ("auto", "stream", "list")
 
 
-Login = Callable[[], kopf.ConnectionInfo | None]
-
-
 class Watch:
     """Keeps a `Feed` connected to the API server until cancelled: the objects `path` lists (`node_watch`,
     `quotawatch.quota_watch`), named `what` in logs."""
@@ -206,11 +194,11 @@ class Watch:
             if info is None:
                 raise kopf.LoginError(f"no kubeconfig and no service account for the {self.what}")
             try:
-                async with session(info) as client:
+                async with Api.open(info) as api:
                     if self.mode == "auto":
-                        self.mode = await _choose_mode(client, info.server, self.what)
+                        self.mode = await _choose_mode(api, self.what)
                     while True:
-                        await self._once(client, info.server)
+                        await self._once(api)
                         # A watch that ended cleanly: reconnect at once.
                         delay, self.failures = BACKOFF_START, 0
             except asyncio.CancelledError:
@@ -219,14 +207,16 @@ class Watch:
                 logger.info("%s: %s; building the set anew", self.what, err)
                 self.feed.resource_version = None
                 delay = 0.0
-            except (TimeoutError, WatchError, aiohttp.ClientError, OSError, ValueError) as err:
-                if isinstance(err, WatchError) and err.status == 422 and self.mode == "stream":
+            except (TimeoutError, ApiError, aiohttp.ClientError, OSError, ValueError) as err:
+                if isinstance(err, ApiError) and err.status == 422 and self.mode == "stream":
                     logger.warning("%s: the API server refuses streaming lists (%s); using paged lists",
                                    self.what, err)
                     self.mode = "list"
                     delay = 0.0
                 else:
                     self.failures += 1
+                    if isinstance(err, ApiError) and err.retry_after is not None:
+                        delay = err.retry_after  # the server said when to come back (client-go's rule)
                     # The first failure and then one a minute: an outage must not flood the log.
                     level = logging.WARNING if self.failures % 30 == 1 else logging.DEBUG
                     logger.log(level, "%s interrupted (%s: %s); retrying in %.1f s (failure %d in a row)",
@@ -247,7 +237,7 @@ class Watch:
                 logger.exception("the %s failed; restarting it in 1 s", self.what)
                 await asyncio.sleep(1.0)
 
-    async def _once(self, session: aiohttp.ClientSession, server: str) -> None:
+    async def _once(self, api: Api) -> None:
         """One watch request, preceded by a paged list when the set must be built in list mode."""
         feed = self.feed
         params = {"watch": "1", "allowWatchBookmarks": "true",
@@ -259,20 +249,18 @@ class Watch:
             if self._metrics is not None:
                 self._metrics.relists.inc()
             if self.mode == "list":
-                await self._list(session, server)
+                await self._list(api)
                 params["resourceVersion"] = feed.resource_version or ""
             else:
                 feed.start_build()
                 params.update(sendInitialEvents="true", resourceVersionMatch="NotOlderThan")
         else:
             params["resourceVersion"] = feed.resource_version
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=self.watch_seconds + 60)
-        async with session.get(server + self.path, params=params, timeout=timeout) as resp:
-            await _check(resp)
+        async with api.stream(self.path, params, read_timeout=self.watch_seconds + 60) as content:
             self.connected, self.failures = True, 0
             if feed.build is None:
                 feed.synced_at = time.time()
-            async for batch in batches(resp.content, self._rest):
+            async for batch in batches(content, self._rest):
                 started = time.perf_counter()
                 for raw in batch:
                     feed.line(raw)
@@ -287,15 +275,13 @@ class Watch:
         """Rest between reads only once the set is complete: a (re)build is read as fast as it comes."""
         return self.rest if self.feed.build is None else 0.0
 
-    async def _list(self, session: aiohttp.ClientSession, server: str) -> None:
+    async def _list(self, api: Api) -> None:
         self.feed.start_build()
         params = {"limit": str(PAGE_SIZE)}
         if self.label_selector:
             params["labelSelector"] = self.label_selector
         while True:
-            async with session.get(server + self.path, params=params) as resp:
-                await _check(resp)
-                body = await resp.read()
+            _, body = await api.request("GET", self.path, params=params, ok=(200,))
             started = time.perf_counter()
             page = orjson.loads(body)
             for obj in page.get("items") or ():
@@ -309,14 +295,6 @@ class Watch:
             await asyncio.sleep(0)
 
 
-async def _check(resp: aiohttp.ClientResponse) -> None:
-    if resp.status == 200:
-        return
-    text = (await resp.text(errors="replace"))[:300]
-    cls = Expired if resp.status == 410 else WatchError
-    raise cls(f"HTTP {resp.status} from {resp.url.path}: {text}", resp.status)
-
-
 def mode_for(major: int, minor: int) -> str:
     """The node view's way of reading for a Kubernetes version: a streaming list where the WatchList
     feature is on by default (1.32, and 1.34 on), paged lists where it is off (before 1.32, and 1.33,
@@ -324,12 +302,10 @@ def mode_for(major: int, minor: int) -> str:
     return "stream" if (major, minor) == (1, 32) or (major, minor) >= (1, 34) else "list"
 
 
-async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = "node watch") -> str:
+async def _choose_mode(api: Api, what: str = "node watch") -> str:
     """`mode_for` the API server's version; an unreadable version streams, with paged lists as the
     fallback."""
-    async with session.get(server + "/version", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-        await _check(resp)
-        version = orjson.loads(await resp.read())
+    _, version = await api.call("GET", "/version", ok=(200,), timeout=10)
     try:
         major = int(str(version.get("major", "")).rstrip("+"))
         minor = int(str(version.get("minor", "")).rstrip("+"))
@@ -340,36 +316,3 @@ async def _choose_mode(session: aiohttp.ClientSession, server: str, what: str = 
                 "streaming list (WatchList)" if mode == "stream" else
                 "paged list, then watch (WatchList is off by default in this version)")
     return mode
-
-
-def session(info: kopf.ConnectionInfo) -> aiohttp.ClientSession:
-    """A client of the API server as `info` logs in (also the peer watch's, for its status writes)."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=2),
-        headers={**info.as_http_headers(), "Accept": "application/json", "Accept-Encoding": "identity",
-                 "User-Agent": "hami-mt-webhook"},
-        trust_env=info.trust_env)
-
-
-def login(settings: kopf.OperatorSettings | None = None) -> kopf.ConnectionInfo | None:
-    """A kubeconfig when one is given (local runs), else the pod's service account; read afresh each
-    time, so a rotated service-account token is picked up on the next reconnect.
-
-    In a pod the API server is the address kubelet puts in the environment, as client-go's in-cluster
-    config takes it, not kopf's `kubernetes.default.svc`: a name that needs the cluster's DNS, so a DNS
-    outage (or a node without it) would leave every replica unready and every slice pod refused."""
-    settings = settings or kopf.OperatorSettings()
-    info = kopf.login_with_kubeconfig(settings=settings)
-    if info is not None:
-        return info
-    info = kopf.login_with_service_account(settings=settings)
-    server = in_cluster_server(os.environ)
-    return dataclasses.replace(info, server=server) if info is not None and server else info
-
-
-def in_cluster_server(environ: Mapping[str, str]) -> str | None:
-    """The API server's URL from `KUBERNETES_SERVICE_HOST` and `_PORT`, or None when either is unset."""
-    host, port = environ.get("KUBERNETES_SERVICE_HOST", ""), environ.get("KUBERNETES_SERVICE_PORT", "")
-    if not host or not port:
-        return None
-    return f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"

@@ -15,13 +15,13 @@ from typing import Any
 
 import orjson
 
-from ..admission import enforcement, review
-from ..rules.decision import Decision
-from ..rules.text import clip, quote
-from . import logs
+from ...admission import enforcement, review
+from ...rules.decision import Decision
+from ...rules.text import clip, quote
+from .. import logs
+from ..state import State
 from .connections import Limits
 from .http11 import Answer, Head, parse_head
-from .state import State
 
 __all__ = ["log_decision"]
 

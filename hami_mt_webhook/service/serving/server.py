@@ -18,10 +18,10 @@ from pathlib import Path
 
 import kopf
 
+from ..state import State
 from .connections import DEFAULT_LIMITS, Limits
 from .endpoint import ReviewEndpoint
 from .listener import Listener
-from .state import State
 from .tls import CertReloader
 
 __all__ = ["AdmissionServer"]

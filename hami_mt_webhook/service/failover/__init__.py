@@ -1,0 +1,1 @@
+"""Failover: the replicas probe each other (`peers`) and judge who is silent (`peerview`, pure)."""
